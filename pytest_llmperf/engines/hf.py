@@ -1,0 +1,201 @@
+"""Hugging Face transformers, static batching through `generate` (checked on transformers 5.19).
+
+Requests that have arrived are batched (up to `max_batch_size` sequences), left-padded to the longest
+prompt and decoded together until the longest output is done; requests arriving meanwhile wait for the
+next batch, as they would in a static-batching server. Every decode step is timestamped by a
+`BaseStreamer`, and the KV cache the batch holds is read from the `DynamicCache` itself at each step:
+every row reserves the same length (padding included), and rows that finished early keep theirs until
+the batch ends. That waste is what `kv.fragmentation` reports for a contiguous cache.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..models import ModelSpec
+from ..trace import Chunk, KVSample, RunTrace, SequenceTrace
+from ..workload import Workload
+from .base import Engine, EngineError
+
+DEFAULTS: dict[str, Any] = {"max_batch_size": 8, "device": None, "dtype": None, "attn_implementation": "sdpa",
+                            "max_model_len": None}
+
+
+class _StepClock:
+    """A transformers streamer that records when each decode step's tokens exist, and the cache size then."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+        self.steps: list[tuple[float, int]] = []  # (time, cached positions per row)
+        self._prompt_seen = False
+
+    def put(self, value: Any) -> None:
+        if not self._prompt_seen:  # generate() first hands over the prompt itself
+            self._prompt_seen = True
+            return
+        self.steps.append((time.perf_counter(), int(self.cache.get_seq_length())))
+
+    def end(self) -> None:
+        pass
+
+
+class HFEngine(Engine):
+    name = "hf"
+
+    def __init__(self, model: ModelSpec, config: dict[str, Any]) -> None:
+        unknown = set(config) - set(DEFAULTS)
+        if unknown:
+            raise EngineError(f"hf engine does not take {sorted(unknown)}; it takes {sorted(DEFAULTS)}")
+        import torch
+        import transformers
+
+        self._torch = torch
+        cfg = {**DEFAULTS, **config}
+        cfg["device"] = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
+        cfg["dtype"] = cfg["dtype"] or ("bfloat16" if cfg["device"].startswith("cuda") else "float32")
+        self.model = model
+        self.version = transformers.__version__
+        self._cfg = cfg
+        try:
+            self._model = self._load(transformers, torch, model, cfg)
+        except (OSError, ValueError) as e:
+            raise EngineError(f"transformers could not load {model.name!r}: {e}") from e
+        hf_config = self._model.config
+        self.vocab_size = int(hf_config.vocab_size)
+        limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+        self.max_model_len = int(cfg["max_model_len"] or limit)
+        self._cfg["max_model_len"] = self.max_model_len
+        self.alive = True
+
+    @staticmethod
+    def _load(transformers: Any, torch: Any, model: ModelSpec, cfg: dict[str, Any]) -> Any:
+        dtype = getattr(torch, cfg["dtype"])
+        kwargs = {"dtype": dtype, "attn_implementation": cfg["attn_implementation"]}
+        if model.is_shape:
+            torch.manual_seed(0)
+            hf_config = transformers.AutoConfig.from_pretrained(model.path)
+            net = transformers.AutoModelForCausalLM.from_config(hf_config, **kwargs)
+        else:
+            net = transformers.AutoModelForCausalLM.from_pretrained(model.path, **kwargs)
+        return net.to(cfg["device"]).eval()
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dict(self._cfg, batching="static")
+
+    # -- running ----------------------------------------------------------------------------
+    def run(self, workload: Workload, salt: int = 0) -> RunTrace:
+        self.check_fits(workload)
+        torch = self._torch
+        if self._cfg["device"].startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        sequences: list[SequenceTrace] = []
+        kv: list[KVSample] = []
+        for batch, submits in self._batches(workload, start, sequences):
+            seqs, samples = self._generate(workload, batch, submits, salt)
+            sequences.extend(seqs)
+            kv.extend(samples)
+        end = time.perf_counter()
+        peak = torch.cuda.max_memory_allocated() if self._cfg["device"].startswith("cuda") else None
+        sequences.sort(key=lambda s: (s.index, s.sample))
+        return RunTrace("hf", tuple(sequences), start, end, tuple(kv),
+                        kv_measures=frozenset({"fragmentation", "preemptions"}), framework_peak_bytes=peak)
+
+    def _batches(self, workload: Workload, start: float, done: list[SequenceTrace]):
+        """Yield (request indexes, submit times) batch by batch, honouring arrivals or the closed loop."""
+        max_rows = self._cfg["max_batch_size"]
+        pending = list(range(len(workload.requests)))
+        users = [start] * workload.concurrency if workload.concurrency else None
+        while pending:
+            now = time.perf_counter()
+            batch: list[int] = []
+            submits: list[float] = []
+            rows = 0
+            for i in list(pending):
+                req = workload.requests[i]
+                if users is not None:
+                    if not users or users[0] > now:
+                        break
+                    submit = heapq.heappop(users)
+                else:
+                    submit = start + req.arrival_s
+                    if submit > now:
+                        break
+                if batch and rows + req.n > max_rows:
+                    if users is not None:
+                        heapq.heappush(users, submit)
+                    break
+                batch.append(i)
+                submits.append(submit)
+                rows += req.n
+                pending.remove(i)
+            if not batch:
+                next_t = start + workload.requests[pending[0]].arrival_s if users is None else users[0]
+                time.sleep(max(0.0, next_t - time.perf_counter()))
+                continue
+            n_before = len(done)
+            yield batch, submits
+            if users is not None:  # each finished request frees its user, who sends the next one
+                for s in done[n_before:]:
+                    if s.sample == 0:
+                        heapq.heappush(users, s.chunks[-1].t if s.chunks else time.perf_counter())
+
+    def _generate(self, workload: Workload, batch: Sequence[int], submits: Sequence[float], salt: int):
+        torch = self._torch
+        rows: list[tuple[int, int, list[int]]] = []  # (request index, sample, token ids)
+        for i in batch:
+            ids = workload.token_ids(i, self.vocab_size, salt)
+            rows.extend((i, s, ids) for s in range(workload.requests[i].n))
+        width = max(len(ids) for _, _, ids in rows)
+        pad = 0
+        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, (_, _, ids) in enumerate(rows):  # left padding, as decoder-only generation needs
+            input_ids[r, width - len(ids):] = torch.tensor(ids)
+            mask[r, width - len(ids):] = 1
+        outs = [workload.requests[i].output_len for i, _, _ in rows]
+        max_new = max(outs)
+        import transformers
+
+        cache = transformers.DynamicCache()
+        clock = _StepClock(cache)
+        device = self._cfg["device"]
+        with torch.inference_mode():
+            self._model.generate(
+                input_ids=input_ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new,
+                min_new_tokens=max_new, do_sample=False, past_key_values=cache, streamer=clock,
+                pad_token_id=pad, eos_token_id=None,
+            )
+        if len(clock.steps) < max_new:
+            raise EngineError(f"transformers produced {len(clock.steps)} decode steps, {max_new} were asked for")
+        submit_of = dict(zip(batch, submits))
+        seqs = [
+            SequenceTrace(i, s, len(ids), out, submit_of[i],
+                          tuple(Chunk(t, 1) for t, _ in clock.steps[:out]))
+            for (i, s, ids), out in zip(rows, outs)
+        ]
+        prompt_lens = [len(ids) for _, _, ids in rows]
+        return seqs, [self._kv_sample(t, cached, k, prompt_lens, outs) for k, (t, cached) in enumerate(clock.steps, 1)]
+
+    def _kv_sample(self, t: float, cached: int, k: int, prompts: Sequence[int], outs: Sequence[int]) -> KVSample:
+        """At decode step k every row holds `cached` positions; a live row needs its prompt plus the
+        k - 1 tokens generated before this step, a finished row needs nothing."""
+        needed = sum(p + k - 1 for p, o in zip(prompts, outs) if k <= o)
+        reserved = cached * len(prompts)
+        live = sum(1 for o in outs if k <= o)
+        capacity = self._cfg["max_batch_size"] * self.max_model_len
+        return KVSample(t, reserved, capacity, 1, min(needed, reserved), live, 0)
+
+    def shutdown(self) -> None:
+        if not getattr(self, "alive", False):
+            return
+        self.alive = False
+        self._model = None
+        gc.collect()
+        if self._torch.cuda.is_available():
+            self._torch.cuda.empty_cache()

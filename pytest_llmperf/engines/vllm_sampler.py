@@ -1,0 +1,109 @@
+"""The paging recorder, run inside vLLM's engine-core process as `scheduler_cls`.
+
+vLLM's v1 engine core owns the block pool and runs in its own process, so the recorder is a
+`Scheduler` subclass (the one hook that reaches `kv_cache_manager` with multiprocessing on, in every v1
+version from 0.10 to 0.33) that appends one line per step to the file named by `LLMPERF_KV_TRACE`;
+the test process reads the lines a run produced. Access paths, and the versions they were checked on:
+
+- `self.kv_cache_manager.block_pool.{num_gpu_blocks, get_num_free_blocks()}` (0.10.0-0.33.0;
+  slot 0 is the null block, so usable blocks are num_gpu_blocks - 1),
+- `...coordinator.single_type_managers[0].{req_to_blocks, block_size}` (0.10.0-0.33.0),
+- `request.num_computed_tokens` after `schedule()` includes the tokens scheduled this step,
+- `self.kv_cache_manager.prefix_cache_stats.{queries, hits}` (0.10.0-0.33.0, only with log stats on;
+  vLLM swaps in a new object each time it reports, so deltas are taken per object),
+- `RequestStatus.PREEMPTED` on a request that was running before `schedule()` (0.10.0-0.33.0).
+
+Offline batches must be handed to the scheduler atomically, or the first steps depend on how fast
+the front end forwards requests and the paging fingerprint is flaky. Requests whose id carries
+`llmperf-g<N>-<run>-` are held back until all N sequences of that run have arrived, then released
+together; other requests pass straight through.
+
+This module imports vLLM, so only the engine-core process (and the vLLM adapter) imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any
+
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
+
+TRACE_ENV = "LLMPERF_KV_TRACE"
+GATE = re.compile(r"llmperf-g(\d+)-(\d+)-")
+# column order of a trace line; the adapter parses with the same tuple
+FIELDS = ("t", "blocks_used", "blocks_total", "block_size", "tokens_stored", "running", "waiting",
+          "preemptions", "prefix_queries", "prefix_hits", "logical_blocks")
+
+
+class PagingRecorder(Scheduler):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        path = os.environ.get(TRACE_ENV)
+        self._out = open(path, "a", buffering=1) if path else None  # noqa: SIM115 - lives as long as the engine
+        self._held: dict[str, list[Any]] = {}
+        self._preemptions = 0
+        self._queries = self._hits = 0
+        self._stats_obj: Any = None
+        self._stats_seen = (0, 0)
+
+    # -- the offline gate -------------------------------------------------------------------
+    def add_request(self, request: Any) -> None:
+        m = GATE.search(request.request_id)
+        if m is None:
+            return super().add_request(request)
+        expected, run = int(m.group(1)), m.group(2)
+        held = self._held.setdefault(run, [])
+        held.append(request)
+        if len(held) >= expected:
+            for r in self._held.pop(run):
+                super().add_request(r)
+
+    def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
+        # an abort of a request still held at the gate: drop it there, vLLM never saw it
+        ids = {request_ids} if isinstance(request_ids, str) else set(request_ids or ())
+        for run, held in list(self._held.items()):
+            self._held[run] = [r for r in held if r.request_id not in ids]
+        return super().finish_requests(request_ids, finished_status)
+
+    # -- one sample per step ----------------------------------------------------------------
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        before = list(self.running)
+        out = super().schedule(*args, **kwargs)
+        if self._out is not None:
+            self._preemptions += sum(1 for r in before if r.status == RequestStatus.PREEMPTED)
+            self._out.write(",".join(str(v) for v in self._sample()) + "\n")
+        return out
+
+    def _sample(self) -> tuple[Any, ...]:
+        kvm = self.kv_cache_manager
+        pool = kvm.block_pool
+        mgr = kvm.coordinator.single_type_managers[0]
+        bs = mgr.block_size
+        total = pool.num_gpu_blocks - 1
+        physical = total - pool.get_num_free_blocks()
+        logical = tokens = 0
+        for r in self.running:
+            n = len(mgr.req_to_blocks.get(r.request_id, ()))
+            logical += n
+            tokens += min(r.num_computed_tokens, n * bs)
+        # Blocks are shared only when full (prefix caching, parallel samples), so every logical
+        # block beyond the physical count is a full duplicate: take its tokens off once.
+        tokens -= bs * max(0, logical - physical)
+        self._count_prefix_stats(kvm.prefix_cache_stats)
+        return (time.monotonic(), physical, total, bs, max(tokens, 0), len(self.running), len(self.waiting),
+                self._preemptions, self._queries, self._hits, logical)
+
+    def _count_prefix_stats(self, stats: Any) -> None:
+        if stats is None:
+            return
+        q, h = int(stats.queries), int(stats.hits)
+        if stats is self._stats_obj:
+            dq, dh = q - self._stats_seen[0], h - self._stats_seen[1]
+        else:
+            dq, dh = q, h
+        self._queries += max(dq, 0)
+        self._hits += max(dh, 0)
+        self._stats_obj, self._stats_seen = stats, (q, h)

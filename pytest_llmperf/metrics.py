@@ -1,0 +1,356 @@
+"""Turning run traces into summary metrics. Definitions are contracts (README, "Metrics"):
+
+- TTFT: submit -> first output token received.      - E2E: submit -> last token received.
+- TPOT per sequence: (E2E - TTFT) / (output tokens - 1), as `vllm bench serve`.
+- ITL: the gap between consecutive streamed chunks (a chunk may carry several tokens).
+- Percentiles use numpy's linear interpolation (as vLLM's benchmarks), over sequences for
+  TTFT/TPOT/E2E and over gaps for ITL. Failed sequences are left out and counted.
+- Throughput: output tokens / (last completion - first submission); total adds prompt tokens.
+- KV fragmentation at a step: 1 - tokens stored / (blocks used x block size); max over steps and
+  the slot-weighted mean (sum of tokens / sum of slots over steps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from .trace import KVSample, RunTrace, SequenceTrace
+
+PERCENTILES = (50, 90, 95, 99)
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
+_GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """One latency metric in milliseconds; every field is None when nothing was measured."""
+
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    max: float | None = None
+    mean: float | None = None
+    count: int = 0
+
+    @classmethod
+    def of(cls, values_ms: Sequence[float]) -> LatencyStats:
+        if len(values_ms) == 0:
+            return cls()
+        arr = np.asarray(values_ms, dtype=float)
+        p50, p90, p95, p99 = (float(x) for x in np.percentile(arr, PERCENTILES))
+        return cls(p50, p90, p95, p99, float(arr.max()), float(arr.mean()), int(arr.size))
+
+
+@dataclass(frozen=True)
+class Throughput:
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+    requests_per_s: float
+
+
+@dataclass(frozen=True)
+class KVStats:
+    """Paging metrics; None where the engine cannot tell."""
+
+    fragmentation_max: float | None = None
+    fragmentation_mean: float | None = None
+    usage_peak: float | None = None
+    usage_mean: float | None = None
+    blocks_peak: int | None = None
+    blocks_total: int | None = None
+    block_size: int | None = None
+    preemptions: int | None = None
+    prefix_hit_rate: float | None = None
+    # (seconds since run start, usage, fragmentation, blocks used, preemptions so far), for plots
+    timeline: tuple[tuple[float, float, float, int, int], ...] = field(default=(), repr=False)
+
+
+@dataclass(frozen=True)
+class GpuStats:
+    memory_peak_gib: float | None = None
+    memory_idle_gib: float | None = None
+    framework_peak_gib: float | None = None
+    energy_per_token_j: float | None = None
+    utilization_mean_pct: float | None = None
+    power_mean_w: float | None = None
+
+
+@dataclass(frozen=True)
+class SequenceMetrics:
+    index: int
+    sample: int
+    prompt_len: int
+    output_len: int
+    ttft: float | None
+    tpot: float | None
+    e2e: float | None
+    itl: float | None  # the sequence's largest gap, so a worst-requests list can point at it
+
+
+@dataclass(frozen=True)
+class PerfResult:
+    """What `llmperf.run` returns: summary metrics over all repeats, plus per-sequence rows."""
+
+    engine: str
+    workload_hash: str
+    repeats: int
+    n_requests: int
+    n_sequences: int
+    failed: int
+    ttft: LatencyStats
+    tpot: LatencyStats
+    itl: LatencyStats
+    e2e: LatencyStats
+    throughput: Throughput
+    kv: KVStats
+    gpu: GpuStats
+    sequences: tuple[SequenceMetrics, ...] = field(repr=False)
+    per_repeat: tuple[dict[str, float | None], ...] = field(repr=False)
+    errors: tuple[str, ...] = field(default=(), repr=False)
+    duration_s: float = 0.0
+    label: str = ""
+
+    @property
+    def error_rate(self) -> float:
+        return self.failed / self.n_sequences if self.n_sequences else 0.0
+
+    def flat(self) -> dict[str, float | None]:
+        """Flat `<stat>_<metric>_<unit>` names, as `vllm bench serve` prints them."""
+        return flat_metrics(self)
+
+    def worst(self, metric: str, k: int = 3) -> list[SequenceMetrics]:
+        rows = [s for s in self.sequences if getattr(s, metric) is not None]
+        return sorted(rows, key=lambda s: getattr(s, metric), reverse=True)[:k]
+
+    def goodput(self, **limits_ms: float) -> float:
+        """Sequences per second that met every given latency limit (ttft=, tpot=, e2e=, in ms)."""
+        unknown = set(limits_ms) - {"ttft", "tpot", "e2e"}
+        if unknown:
+            raise ValueError(f"goodput takes ttft=, tpot=, e2e= limits in ms, not {sorted(unknown)}")
+        good = sum(
+            all((v := getattr(s, m)) is not None and v <= lim for m, lim in limits_ms.items())
+            for s in self.sequences
+        )
+        return good / self.duration_s if self.duration_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("sequences")
+        d["kv"].pop("timeline")
+        d["flat"] = self.flat()
+        return d
+
+
+def flat_metrics(r: PerfResult) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for name in LATENCY_METRICS:
+        stats: LatencyStats = getattr(r, name)
+        for stat in ("mean", "p50", "p90", "p95", "p99", "max"):
+            out[f"{stat}_{name}_ms"] = getattr(stats, stat)
+    out.update(
+        output_tokens_per_s=r.throughput.output_tokens_per_s,
+        total_tokens_per_s=r.throughput.total_tokens_per_s,
+        requests_per_s=r.throughput.requests_per_s,
+        error_rate=r.error_rate,
+    )
+    for k in ("fragmentation_max", "fragmentation_mean", "usage_peak", "usage_mean", "blocks_peak",
+              "preemptions", "prefix_hit_rate"):
+        out[f"kv_{k}"] = getattr(r.kv, k)
+    for k in ("memory_peak_gib", "framework_peak_gib", "energy_per_token_j"):
+        out[f"gpu_{k}"] = getattr(r.gpu, k)
+    return out
+
+
+# -- per trace -------------------------------------------------------------------------------------
+def sequence_metrics(s: SequenceTrace) -> SequenceMetrics:
+    if not s.ok:
+        return SequenceMetrics(s.index, s.sample, s.prompt_len, s.output_len, None, None, None, None)
+    ttft = (s.chunks[0].t - s.submit_t) * 1e3
+    e2e = (s.chunks[-1].t - s.submit_t) * 1e3
+    n = s.output_tokens
+    tpot = (e2e - ttft) / (n - 1) if n > 1 else None
+    gaps = itl_gaps_ms(s)
+    return SequenceMetrics(s.index, s.sample, s.prompt_len, s.output_len, ttft, tpot, e2e, max(gaps) if gaps else None)
+
+
+def itl_gaps_ms(s: SequenceTrace) -> list[float]:
+    ts = [c.t for c in s.chunks]
+    return [(b - a) * 1e3 for a, b in zip(ts, ts[1:])]
+
+
+def throughput(trace: RunTrace) -> Throughput:
+    ok = [s for s in trace.sequences if s.ok]
+    if not ok:
+        return Throughput(0.0, 0.0, 0.0)
+    first = min(s.submit_t for s in trace.sequences)
+    last = max(s.chunks[-1].t for s in ok)
+    span = max(last - first, 1e-9)
+    out_tokens = sum(s.output_tokens for s in ok)
+    # a prompt is processed once however many samples it has
+    prompt_tokens = sum(s.prompt_len for s in ok if s.sample == 0)
+    requests = len({s.index for s in ok})
+    return Throughput(out_tokens / span, (out_tokens + prompt_tokens) / span, requests / span)
+
+
+def kv_stats(trace: RunTrace) -> KVStats:
+    measures = trace.kv_measures
+    samples = [k for k in trace.kv if k.blocks_total]
+    if not measures or not samples:
+        return KVStats()
+    busy = [k for k in samples if k.blocks_used]
+    slots = sum(k.slots for k in busy)
+    first = samples[0]
+    frag_max = max((k.fragmentation for k in busy), default=0.0)
+    frag_mean = 1.0 - sum(k.tokens_stored for k in busy) / slots if slots else 0.0
+    last = samples[-1]
+    hit_rate = None
+    if "prefix_hit_rate" in measures and last.prefix_queries:
+        hit_rate = last.prefix_hits / last.prefix_queries
+    return KVStats(
+        fragmentation_max=frag_max if "fragmentation" in measures else None,
+        fragmentation_mean=frag_mean if "fragmentation" in measures else None,
+        usage_peak=max(k.usage for k in samples) if "usage" in measures else None,
+        usage_mean=float(np.mean([k.usage for k in busy])) if "usage" in measures and busy else None,
+        blocks_peak=max(k.blocks_used for k in samples),
+        blocks_total=first.blocks_total,
+        block_size=first.block_size,
+        preemptions=last.preemptions if "preemptions" in measures else None,
+        prefix_hit_rate=hit_rate,
+        timeline=tuple(_timeline_row(k, trace.start_t) for k in samples),
+    )
+
+
+def _timeline_row(k: KVSample, start: float) -> tuple[float, float, float, int, int]:
+    return (round(k.t - start, 6), k.usage, k.fragmentation, k.blocks_used, k.preemptions)
+
+
+def gpu_stats(trace: RunTrace, output_tokens: int) -> GpuStats:
+    g = trace.gpu
+    framework = trace.framework_peak_bytes / _GIB if trace.framework_peak_bytes is not None else None
+    if not g:
+        return GpuStats(framework_peak_gib=framework)
+    energy = None
+    if g[0].energy_mj is not None and g[-1].energy_mj is not None and output_tokens:
+        energy = (g[-1].energy_mj - g[0].energy_mj) / 1e3 / output_tokens
+    util = [s.utilization_pct for s in g if s.utilization_pct is not None]
+    power = [s.power_w for s in g if s.power_w is not None]
+    return GpuStats(
+        memory_peak_gib=max(s.memory_used_bytes for s in g) / _GIB,
+        memory_idle_gib=g[0].memory_used_bytes / _GIB,
+        framework_peak_gib=framework,
+        energy_per_token_j=energy,
+        utilization_mean_pct=float(np.mean(util)) if util else None,
+        power_mean_w=float(np.mean(power)) if power else None,
+    )
+
+
+# -- over repeats --------------------------------------------------------------------------------
+def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, label: str = "") -> PerfResult:
+    """Pool the sequences of every repeat for percentiles; take the median throughput of the
+    repeats; take the worst (max) KV and memory figures over the repeats."""
+    if not traces:
+        raise ValueError("summarize needs at least one run trace")
+    per_trace = [_one(t, workload_hash, n_requests) for t in traces]
+    if len(per_trace) == 1:
+        return replace(per_trace[0], label=label)
+    seqs = tuple(s for r in per_trace for s in r.sequences)
+    gaps = [g for t in traces for s in t.sequences if s.ok for g in itl_gaps_ms(s)]
+    thr = [r.throughput for r in per_trace]
+    return PerfResult(
+        engine=traces[0].engine,
+        workload_hash=workload_hash,
+        repeats=len(traces),
+        n_requests=n_requests,
+        n_sequences=sum(r.n_sequences for r in per_trace),
+        failed=sum(r.failed for r in per_trace),
+        ttft=LatencyStats.of([s.ttft for s in seqs if s.ttft is not None]),
+        tpot=LatencyStats.of([s.tpot for s in seqs if s.tpot is not None]),
+        itl=LatencyStats.of(gaps),
+        e2e=LatencyStats.of([s.e2e for s in seqs if s.e2e is not None]),
+        throughput=Throughput(
+            float(np.median([t.output_tokens_per_s for t in thr])),
+            float(np.median([t.total_tokens_per_s for t in thr])),
+            float(np.median([t.requests_per_s for t in thr])),
+        ),
+        kv=_worst_kv([r.kv for r in per_trace]),
+        gpu=_worst_gpu([r.gpu for r in per_trace]),
+        sequences=seqs,
+        per_repeat=tuple(r.per_repeat[0] for r in per_trace),
+        errors=tuple(e for r in per_trace for e in r.errors),
+        duration_s=sum(r.duration_s for r in per_trace),
+        label=label,
+    )
+
+
+def _one(trace: RunTrace, workload_hash: str, n_requests: int) -> PerfResult:
+    seqs = tuple(sequence_metrics(s) for s in trace.sequences)
+    ok = [s for s in trace.sequences if s.ok]
+    gaps = [g for s in ok for g in itl_gaps_ms(s)]
+    out_tokens = sum(s.output_tokens for s in ok)
+    result = PerfResult(
+        engine=trace.engine,
+        workload_hash=workload_hash,
+        repeats=1,
+        n_requests=n_requests,
+        n_sequences=len(trace.sequences),
+        failed=len(trace.sequences) - len(ok),
+        ttft=LatencyStats.of([s.ttft for s in seqs if s.ttft is not None]),
+        tpot=LatencyStats.of([s.tpot for s in seqs if s.tpot is not None]),
+        itl=LatencyStats.of(gaps),
+        e2e=LatencyStats.of([s.e2e for s in seqs if s.e2e is not None]),
+        throughput=throughput(trace),
+        kv=kv_stats(trace),
+        gpu=gpu_stats(trace, out_tokens),
+        sequences=seqs,
+        per_repeat=(),
+        errors=tuple(f"request {s.index}.{s.sample}: {s.error}" for s in trace.sequences if s.error),
+        duration_s=trace.end_t - trace.start_t,
+    )
+    return replace(result, per_repeat=(flat_metrics(result),))
+
+
+def _max_or_none(values: Sequence[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def _mean_or_none(values: Sequence[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return float(np.mean(present)) if present else None
+
+
+def _worst_kv(kvs: Sequence[KVStats]) -> KVStats:
+    first = kvs[0]
+    return KVStats(
+        fragmentation_max=_max_or_none([k.fragmentation_max for k in kvs]),
+        fragmentation_mean=_mean_or_none([k.fragmentation_mean for k in kvs]),
+        usage_peak=_max_or_none([k.usage_peak for k in kvs]),
+        usage_mean=_mean_or_none([k.usage_mean for k in kvs]),
+        blocks_peak=_max_or_none([k.blocks_peak for k in kvs]),
+        blocks_total=first.blocks_total,
+        block_size=first.block_size,
+        preemptions=_max_or_none([k.preemptions for k in kvs]),
+        prefix_hit_rate=_min_or_none([k.prefix_hit_rate for k in kvs]),
+        timeline=first.timeline,
+    )
+
+
+def _min_or_none(values: Sequence[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+def _worst_gpu(gpus: Sequence[GpuStats]) -> GpuStats:
+    return GpuStats(
+        memory_peak_gib=_max_or_none([g.memory_peak_gib for g in gpus]),
+        memory_idle_gib=_mean_or_none([g.memory_idle_gib for g in gpus]),
+        framework_peak_gib=_max_or_none([g.framework_peak_gib for g in gpus]),
+        energy_per_token_j=_mean_or_none([g.energy_per_token_j for g in gpus]),
+        utilization_mean_pct=_mean_or_none([g.utilization_mean_pct for g in gpus]),
+        power_mean_w=_mean_or_none([g.power_mean_w for g in gpus]),
+    )

@@ -1,0 +1,285 @@
+"""pytest hooks, options, fixtures and the terminal summary. Knows nothing of how engines work.
+
+A limit marker is validated before the test runs (bad input errors without spending a workload),
+the test body records results through the `llmperf` fixture, and the limits are judged in
+`pytest_runtest_makereport`: a violation fails that test's report, as pytest-memray's limit markers do.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from . import assertions
+from .assertions import Limit, MarkerError
+from .engines.base import Engine, EnginePool, default_engine
+from .models import DEFAULT_MODEL, ModelSpec, resolve_model
+from .runner import LLMPerf
+
+ENGINE_MARKER = "llmperf_engine"
+
+
+@dataclass
+class Session:
+    """Per-session state, kept in `config.stash` (no module globals)."""
+
+    engine_name: str
+    model_spec: str
+    engine_defaults: dict[str, Any]
+    hardware: str
+    pool: EnginePool = field(default_factory=EnginePool)
+    models: dict[str, ModelSpec] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def model(self) -> ModelSpec:
+        if self.model_spec not in self.models:
+            self.models[self.model_spec] = resolve_model(self.model_spec)
+        return self.models[self.model_spec]
+
+    def engine(self, name: str, config: dict[str, Any]) -> Engine:
+        return self.pool.get(name, self.model(), {**self.engine_defaults, **config})
+
+
+SESSION = pytest.StashKey[Session]()
+LIMITS = pytest.StashKey[list[Limit]]()
+PERF = pytest.StashKey[LLMPerf]()
+
+
+# -- options ---------------------------------------------------------------------------------------
+def _option(config: pytest.Config, name: str) -> Any:
+    """CLI value first, ini value second."""
+    value = config.getoption(f"--llmperf-{name}")
+    return value if value is not None else config.getini(f"llmperf_{name.replace('-', '_')}")
+
+
+def parse_engine_config(text: str) -> dict[str, Any]:
+    """`--llmperf-engine-config` takes a JSON object: '{"block_size": 32, "max_num_seqs": 64}'."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise pytest.UsageError(f"--llmperf-engine-config is not JSON ({e}): write e.g. '{{\"max_num_seqs\": 64}}'") from None
+    if not isinstance(value, dict):
+        raise pytest.UsageError("--llmperf-engine-config must be a JSON object of engine options")
+    return value
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("llmperf", "LLM inference performance assertions")
+    group.addoption("--llmperf-engine", default=None, choices=("hf", "vllm"),
+                    help="engine behind llm_engine (default: vllm when installed, else hf)")
+    group.addoption("--llmperf-model", default=None,
+                    help=f"model folder, hub id or shape:NAME with random weights (default {DEFAULT_MODEL})")
+    group.addoption("--llmperf-engine-config", default=None,
+                    help="engine options as a JSON object, under any @pytest.mark.llmperf_engine(...)")
+    group.addoption("--llmperf-hardware", default=None,
+                    help="hardware class for per-hardware limits and baselines (default: detected; cpu without GPU)")
+    parser.addini("llmperf_engine", "default engine (hf or vllm)", default="")
+    parser.addini("llmperf_model", "default model", default=DEFAULT_MODEL)
+    parser.addini("llmperf_engine_config", "default engine options (JSON object)", default="")
+    parser.addini("llmperf_hardware", "hardware class override", default="")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name in assertions.MARKERS:
+        config.addinivalue_line("markers", assertions.marker_help(name))
+    config.addinivalue_line(
+        "markers",
+        f"{ENGINE_MARKER}(**options): llmperf: engine options for this test or module, passed to the engine "
+        "unchanged (e.g. block_size=32, max_num_seqs=64); engines are cached per distinct option set.",
+    )
+    config.stash[SESSION] = Session(
+        engine_name=_option(config, "engine") or default_engine(),
+        model_spec=_option(config, "model") or DEFAULT_MODEL,
+        engine_defaults=parse_engine_config(_option(config, "engine-config")),
+        hardware=_option(config, "hardware") or "cpu",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Tests that share an engine configuration run together, so each engine starts once.
+    items.sort(key=_engine_group)
+
+
+def _engine_group(item: pytest.Item) -> str:
+    try:
+        return repr(sorted(_engine_options(item).items()))
+    except MarkerError:
+        return ""  # reported at setup, with the test's name
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    state = session.config.stash.get(SESSION, None)
+    if state is not None:
+        state.pool.close()
+
+
+# -- fixtures --------------------------------------------------------------------------------------
+def _engine_options(item: pytest.Item) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for mark in reversed(list(item.iter_markers(ENGINE_MARKER))):  # module first, the test's own last
+        if mark.args:
+            raise MarkerError(f"@pytest.mark.{ENGINE_MARKER} takes keyword options only, got {mark.args!r}")
+        options.update(mark.kwargs)
+    return options
+
+
+@pytest.fixture(scope="session")
+def llmperf_session(pytestconfig: pytest.Config) -> Session:
+    return pytestconfig.stash[SESSION]
+
+
+@pytest.fixture
+def llmperf(request: pytest.FixtureRequest, llmperf_session: Session) -> LLMPerf:
+    """Runs workloads (`llmperf.run(engine, workload, repeats=1, warmup=True)`) and binds the
+    results to this test, where the limit markers judge them."""
+    perf = LLMPerf(test_id=request.node.nodeid, on_broken=llmperf_session.pool.discard)
+    request.node.stash[PERF] = perf
+    return perf
+
+
+def _engine_fixture(name: str | None) -> Callable[..., Engine]:
+    def fixture(request: pytest.FixtureRequest, llmperf_session: Session) -> Engine:
+        engine_name = name or llmperf_session.engine_name
+        return llmperf_session.engine(engine_name, _engine_options(request.node))
+
+    return fixture
+
+
+hf_engine = pytest.fixture(_engine_fixture("hf"), name="hf_engine")
+vllm_engine = pytest.fixture(_engine_fixture("vllm"), name="vllm_engine")
+llm_engine = pytest.fixture(_engine_fixture(None), name="llm_engine")
+
+
+def _factory_fixture(name: str) -> Callable[..., Callable[..., Engine]]:
+    def fixture(llmperf_session: Session) -> Callable[..., Engine]:
+        def make(**config: Any) -> Engine:
+            return llmperf_session.engine(name, config)
+
+        return make
+
+    return fixture
+
+
+hf_engine_factory = pytest.fixture(_factory_fixture("hf"), name="hf_engine_factory")
+vllm_engine_factory = pytest.fixture(_factory_fixture("vllm"), name="vllm_engine_factory")
+
+
+# -- judging ---------------------------------------------------------------------------------------
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    try:
+        item.stash[LIMITS] = _limits(item)
+        _engine_options(item)  # a malformed engine marker errors here, before anything starts
+    except MarkerError as e:
+        problem = str(e)
+    else:
+        return
+    pytest.fail(f"llmperf: {item.nodeid}: {problem}", pytrace=False)
+
+
+def _limits(item: pytest.Item) -> list[Limit]:
+    hardware = item.config.stash[SESSION].hardware
+    return [
+        limit
+        for mark in item.iter_markers()
+        if mark.name in assertions.MARKERS
+        for limit in assertions.parse(mark.name, mark.args, mark.kwargs, hardware)
+    ]
+
+
+def _judge(item: pytest.Item) -> tuple[str, bool] | None:
+    """(failure text, is a performance violation) for this test's results; None when all limits hold."""
+    limits = item.stash.get(LIMITS, [])
+    perf = item.stash.get(PERF, None)
+    results = perf.results if perf is not None else []
+    if limits and not results:
+        names = sorted({lim.marker.split("(")[0] for lim in limits})
+        return (f"llmperf: {item.nodeid} has limit markers ({', '.join(names)}) but recorded no result: "
+                "call llmperf.run(engine, workload) in the test body", False)
+    if not results:
+        return None
+    if not any(lim.metric == "error_rate" for lim in limits):
+        limits = [*limits, Limit("max_error_rate(0) [default]", "error_rate", 0.0, True)]
+    try:
+        violations = assertions.check(limits, results)
+    except MarkerError as e:
+        return f"llmperf: {item.nodeid}: {e}", False
+    if not violations:
+        return None
+    text = assertions.format_violations(violations)
+    errors = [e for r in results for e in r.errors][:5]
+    if errors:
+        text += "\n  failed requests: " + "; ".join(errors)
+    return text, True
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    report = yield
+    if call.when != "call":
+        return report
+    perf = item.stash.get(PERF, None)
+    if perf is not None:
+        _record(item, report, perf)
+    if report.passed:
+        judged = _judge(item)
+        if judged is not None:
+            report.outcome = "failed"
+            report.longrepr, report.llmperf_failed = judged
+    if perf is not None and perf.results:
+        item.config.stash[SESSION].rows.append(_row(item.nodeid, perf, report))
+    return report
+
+
+def _record(item: pytest.Item, report: pytest.TestReport, perf: LLMPerf) -> None:
+    """Headline metrics into JUnit XML properties."""
+    for i, result in enumerate(perf.results):
+        prefix = f"llmperf.{result.label or i}."
+        for key in ("p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "output_tokens_per_s", "kv_fragmentation_max",
+                    "kv_preemptions", "gpu_memory_peak_gib"):
+            value = result.flat().get(key)
+            if value is not None:
+                report.user_properties.append((prefix + key, round(value, 4)))
+
+
+def _row(nodeid: str, perf: LLMPerf, report: pytest.TestReport) -> dict[str, Any]:
+    last = perf.results[-1].flat()
+    return {"test": nodeid, "engine": perf.results[-1].engine, "outcome": report.outcome,
+            "p99_ttft_ms": last["p99_ttft_ms"], "p99_tpot_ms": last["p99_tpot_ms"],
+            "output_tokens_per_s": last["output_tokens_per_s"], "kv_fragmentation_max": last["kv_fragmentation_max"],
+            "kv_preemptions": last["kv_preemptions"]}
+
+
+def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, Any] | None:
+    if report.when == "call" and getattr(report, "llmperf_failed", False):
+        return "failed", "P", ("PERF-FAILED", {"red": True})
+    return None
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    state = config.stash.get(SESSION, None)
+    if state is None or not state.rows:
+        return
+    tr = terminalreporter
+    tr.section("llmperf")
+    head = ("test", "engine", "TTFT p99 ms", "TPOT p99 ms", "out tok/s", "KV frag max", "preempt", "result")
+    rows = [head] + [
+        (r["test"], r["engine"], _cell(r["p99_ttft_ms"]), _cell(r["p99_tpot_ms"]), _cell(r["output_tokens_per_s"]),
+         _cell(r["kv_fragmentation_max"]), _cell(r["kv_preemptions"]), r["outcome"])
+        for r in state.rows
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    for row in rows:
+        tr.write_line("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    tr.write_line(f"engines started: {state.pool.starts}; hardware class: {state.hardware}; model: {state.model_spec}")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) and value < 1 else f"{value:.1f}" if isinstance(value, float) else str(value)

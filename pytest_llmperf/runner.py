@@ -1,0 +1,65 @@
+"""`llmperf.run`: warm up, drive the workload `repeats` times, summarise, remember the result."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .engines.base import Engine
+from .metrics import PerfResult, summarize
+from .trace import RunTrace
+from .workload import Workload
+
+WARMUP_REQUESTS = 4
+# salts: warm-up and every repeat get their own token ids, so no pass finds another's prefix cache
+_WARMUP_SALT = 10_000
+
+
+@dataclass
+class LLMPerf:
+    """The `llmperf` fixture: runs workloads and binds their results to the current test.
+
+    `on_broken` is told about an engine that raised mid-run, so that the pool can restart it for the
+    next test instead of handing out a half-dead engine.
+    """
+
+    test_id: str = ""
+    on_broken: Callable[[Engine], None] | None = None
+    results: list[PerfResult] = field(default_factory=list)
+    engines: list[Engine] = field(default_factory=list)
+    workloads: list[Workload] = field(default_factory=list)
+
+    def run(self, engine: Engine, workload: Workload, repeats: int = 1, warmup: bool = True,
+            label: str = "") -> PerfResult:
+        _check_args(engine, workload, repeats)
+        engine.check_fits(workload)
+        traces: list[RunTrace] = []
+        try:
+            if warmup:
+                engine.run(_warmup_of(workload), salt=_WARMUP_SALT)
+            for i in range(repeats):
+                traces.append(engine.run(workload, salt=i))
+        except BaseException:
+            if self.on_broken is not None:
+                self.on_broken(engine)
+            raise
+        result = summarize(traces, workload.hash, len(workload), label=label)
+        self.results.append(result)
+        self.engines.append(engine)
+        self.workloads.append(workload)
+        return result
+
+
+def _warmup_of(workload: Workload) -> Workload:
+    """A few of the workload's own requests, offline: enough to load kernels and allocate buffers."""
+    return Workload(workload.requests[:WARMUP_REQUESTS], seed=workload.seed, kind="warmup").as_offline()
+
+
+def _check_args(engine: Any, workload: Any, repeats: Any) -> None:
+    if not isinstance(workload, Workload):
+        raise TypeError(f"llmperf.run needs a Workload, got {type(workload).__name__}: build one with Workload.offline(...)")
+    if not isinstance(engine, Engine):
+        raise TypeError(f"llmperf.run needs an engine fixture (hf_engine, vllm_engine, llm_engine), got {engine!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} must be an int >= 1")

@@ -1,0 +1,103 @@
+"""The run trace: the one raw record every engine adapter returns.
+
+Everything downstream (metrics, assertions, baselines, reports) reads only these values, so a new
+engine is one adapter that fills them. Times are `time.perf_counter()` seconds in the test process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One streamed piece of output: when it arrived and how many tokens it carried (a vLLM delta
+    can carry several when the consumer lags, with `stream_interval`, or with speculative decoding)."""
+
+    t: float
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class SequenceTrace:
+    """One generated sequence: request `index` of the workload, sample `sample` of its `n`."""
+
+    index: int
+    sample: int
+    prompt_len: int
+    output_len: int  # what the workload asked for
+    submit_t: float
+    chunks: tuple[Chunk, ...]
+    error: str | None = None
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(c.n_tokens for c in self.chunks)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.chunks)
+
+
+@dataclass(frozen=True)
+class KVSample:
+    """KV-cache state at one engine step.
+
+    `blocks_used` are physical blocks (a block shared by several requests counts once);
+    `tokens_stored` are the tokens those blocks hold, shared ones counted once; `block_size` is in
+    tokens. For a contiguous cache (hf) a "block" is one token slot and block_size is 1.
+    `preemptions`, `prefix_queries` and `prefix_hits` are cumulative since the run started.
+    """
+
+    t: float
+    blocks_used: int
+    blocks_total: int
+    block_size: int
+    tokens_stored: int
+    running: int
+    waiting: int
+    preemptions: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+
+    @property
+    def slots(self) -> int:
+        return self.blocks_used * self.block_size
+
+    @property
+    def fragmentation(self) -> float:
+        return 1.0 - self.tokens_stored / self.slots if self.slots else 0.0
+
+    @property
+    def usage(self) -> float:
+        return self.blocks_used / self.blocks_total if self.blocks_total else 0.0
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    t: float
+    memory_used_bytes: int
+    utilization_pct: float | None = None
+    power_w: float | None = None
+    energy_mj: int | None = None  # NVML total-energy counter, millijoules since driver load
+
+
+@dataclass(frozen=True)
+class RunTrace:
+    """Everything one pass of a workload through an engine produced."""
+
+    engine: str
+    sequences: tuple[SequenceTrace, ...]
+    start_t: float
+    end_t: float
+    kv: tuple[KVSample, ...] = ()
+    gpu: tuple[GpuSample, ...] = ()
+    # what the engine can tell: the names of KV metrics it measures (see metrics.KV_FIELDS)
+    kv_measures: frozenset[str] = field(default_factory=frozenset)
+    framework_peak_bytes: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> tuple[SequenceTrace, ...]:
+        return tuple(s for s in self.sequences if not s.ok)

@@ -1,0 +1,330 @@
+"""The workload model: what requests to send, how long they are and when they arrive.
+
+A workload is a plain value (frozen dataclasses, no engine, no pytest). The same constructor with the
+same seed always gives the same requests and the same token ids, and `Workload.hash` is a content hash
+that baselines use to tell whether they were measured on the same thing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, Union
+
+import numpy as np
+
+WORKLOAD_SCHEMA = 1
+# Token ids below this are left alone: real vocabularies keep special tokens (bos/eos/pad) there.
+_FIRST_PLAIN_TOKEN = 100
+
+
+class Distribution(Protocol):
+    """A length distribution: draws `n` positive integers from a seeded generator."""
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Fixed:
+    value: int
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, self.value, dtype=np.int64)
+
+    def describe(self) -> dict[str, Any]:
+        return {"fixed": self.value}
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """Integers uniform on [lo, hi], both ends included."""
+
+    lo: int
+    hi: int
+
+    def __post_init__(self) -> None:
+        if self.lo > self.hi:
+            raise ValueError(f"length range ({self.lo}, {self.hi}) is empty: give (lo, hi) with lo <= hi")
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.integers(self.lo, self.hi + 1, size=n, dtype=np.int64)
+
+    def describe(self) -> dict[str, Any]:
+        return {"uniform": [self.lo, self.hi]}
+
+
+@dataclass(frozen=True)
+class LogNormal:
+    """Lengths with a long right tail, as chat traffic has.
+
+    `mean` is the mean length in tokens (not the mean of the underlying normal); `sigma` is the
+    shape parameter of the underlying normal. Draws are rounded and clipped to [lo, hi].
+    """
+
+    mean: float
+    sigma: float
+    lo: int = 1
+    hi: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mean <= 0 or self.sigma < 0:
+            raise ValueError(f"LogNormal needs mean > 0 and sigma >= 0, got mean={self.mean}, sigma={self.sigma}")
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        mu = np.log(self.mean) - self.sigma**2 / 2
+        draws = np.rint(rng.lognormal(mu, self.sigma, size=n)).astype(np.int64)
+        return np.clip(draws, self.lo, self.hi if self.hi is not None else np.iinfo(np.int64).max)
+
+    def describe(self) -> dict[str, Any]:
+        return {"lognormal": {"mean": self.mean, "sigma": self.sigma, "lo": self.lo, "hi": self.hi}}
+
+
+@dataclass(frozen=True)
+class Empirical:
+    """An empirical histogram: `values[i]` drawn with probability proportional to `weights[i]`."""
+
+    values: tuple[int, ...]
+    weights: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.values or len(self.values) != len(self.weights):
+            raise ValueError("Empirical needs as many weights as values, and at least one value")
+        if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
+            raise ValueError("Empirical weights must be >= 0 with a positive sum")
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[int]) -> Empirical:
+        values, counts = np.unique(np.asarray(samples, dtype=np.int64), return_counts=True)
+        return cls(tuple(int(v) for v in values), tuple(float(c) for c in counts))
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        p = np.asarray(self.weights, dtype=float)
+        return rng.choice(np.asarray(self.values, dtype=np.int64), size=n, p=p / p.sum())
+
+    def describe(self) -> dict[str, Any]:
+        return {"empirical": {"values": list(self.values), "weights": list(self.weights)}}
+
+
+LengthSpec = Union[int, tuple[int, int], Distribution]
+
+
+def as_distribution(spec: LengthSpec, what: str) -> Distribution:
+    if isinstance(spec, bool):
+        raise TypeError(f"{what} must be an int, a (lo, hi) tuple or a distribution, not a bool")
+    if isinstance(spec, (int, np.integer)):
+        return Fixed(int(spec))
+    if isinstance(spec, (tuple, list)) and len(spec) == 2:
+        return Uniform(int(spec[0]), int(spec[1]))
+    if hasattr(spec, "sample") and hasattr(spec, "describe"):
+        return spec
+    raise TypeError(
+        f"{what}={spec!r} is not a length: give an int, a (lo, hi) tuple, "
+        "or a distribution such as LogNormal(mean=200, sigma=0.8)"
+    )
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request. `n` asks for parallel samples of one prompt; requests of one `prefix_group`
+    share their first `prefix_len` prompt tokens (a system prompt)."""
+
+    prompt_len: int
+    output_len: int
+    arrival_s: float = 0.0
+    prefix_group: int | None = None
+    n: int = 1
+    prefix_len: int = 0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not isinstance(self.prompt_len, (int, np.integer)) or self.prompt_len < 1:
+            problems.append(f"prompt_len={self.prompt_len!r} must be an int >= 1")
+        if not isinstance(self.output_len, (int, np.integer)) or self.output_len < 1:
+            problems.append(f"output_len={self.output_len!r} must be an int >= 1")
+        if not self.arrival_s >= 0:
+            problems.append(f"arrival_s={self.arrival_s!r} must be >= 0")
+        if not isinstance(self.n, (int, np.integer)) or self.n < 1:
+            problems.append(f"n={self.n!r} must be an int >= 1")
+        if not 0 <= self.prefix_len <= self.prompt_len:
+            problems.append(f"prefix_len={self.prefix_len!r} must be within [0, prompt_len={self.prompt_len}]")
+        if self.prefix_len and self.prefix_group is None:
+            problems.append("prefix_len > 0 needs a prefix_group")
+        if problems:
+            raise ValueError("bad Request: " + "; ".join(problems))
+
+    @property
+    def total_len(self) -> int:
+        return self.prompt_len + self.output_len
+
+
+@dataclass(frozen=True)
+class Workload:
+    """An ordered set of requests plus how they are offered to the engine.
+
+    `concurrency` set means a closed loop: at most that many requests in flight, the next one sent
+    when one finishes (arrival times are then ignored). Otherwise each request is sent at its
+    `arrival_s`; all zero means an offline batch handed over at once.
+    """
+
+    requests: tuple[Request, ...]
+    seed: int = 0
+    concurrency: int | None = None
+    kind: str = field(default="custom", compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.requests, tuple):
+            object.__setattr__(self, "requests", tuple(self.requests))
+        if not self.requests:
+            raise ValueError("a workload needs at least one request (got zero)")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"concurrency={self.concurrency!r} must be >= 1")
+
+    # -- constructors -------------------------------------------------------------------------
+    @classmethod
+    def offline(cls, n: int, prompt_len: LengthSpec, output_len: LengthSpec, seed: int = 0) -> Workload:
+        """`n` requests all available at time zero (the `LLM.generate` case)."""
+        prompts, outputs = _draw_lengths(n, prompt_len, output_len, seed)
+        return cls(tuple(Request(p, o) for p, o in zip(prompts, outputs)), seed=seed, kind="offline")
+
+    @classmethod
+    def poisson(
+        cls,
+        qps: float,
+        n: int,
+        prompt_len: LengthSpec,
+        output_len: LengthSpec,
+        seed: int = 0,
+        burstiness: float = 1.0,
+    ) -> Workload:
+        """Open-loop arrivals at `qps` with gamma inter-arrival times (as `vllm bench serve`):
+        shape = burstiness, mean = 1/qps. burstiness 1.0 is Poisson; < 1 burstier; > 1 more even."""
+        if qps <= 0 or burstiness <= 0:
+            raise ValueError(f"poisson needs qps > 0 and burstiness > 0, got qps={qps}, burstiness={burstiness}")
+        prompts, outputs = _draw_lengths(n, prompt_len, output_len, seed)
+        rng = np.random.default_rng([seed, 2])
+        gaps = rng.gamma(shape=burstiness, scale=1.0 / (qps * burstiness), size=n)
+        gaps[0] = 0.0  # the first request opens the run
+        arrivals = np.round(np.cumsum(gaps), 6)
+        reqs = tuple(Request(p, o, arrival_s=float(a)) for p, o, a in zip(prompts, outputs, arrivals))
+        return cls(reqs, seed=seed, kind="poisson")
+
+    @classmethod
+    def closed_loop(
+        cls, concurrency: int, n: int, prompt_len: LengthSpec, output_len: LengthSpec, seed: int = 0
+    ) -> Workload:
+        """`concurrency` virtual users, each sending its next request when the last one finished."""
+        prompts, outputs = _draw_lengths(n, prompt_len, output_len, seed)
+        reqs = tuple(Request(p, o) for p, o in zip(prompts, outputs))
+        return cls(reqs, seed=seed, concurrency=concurrency, kind="closed_loop")
+
+    @classmethod
+    def shared_prefix(
+        cls,
+        n: int,
+        prefix_len: int,
+        suffix_len: LengthSpec,
+        output_len: LengthSpec,
+        groups: int = 1,
+        seed: int = 0,
+    ) -> Workload:
+        """`n` offline requests in `groups` groups; each group shares a `prefix_len`-token prefix
+        (a system prompt) followed by a unique suffix."""
+        if groups < 1 or prefix_len < 1:
+            raise ValueError(f"shared_prefix needs groups >= 1 and prefix_len >= 1, got {groups}, {prefix_len}")
+        suffixes, outputs = _draw_lengths(n, suffix_len, output_len, seed)
+        reqs = tuple(
+            Request(prefix_len + s, o, prefix_group=i % groups, prefix_len=prefix_len)
+            for i, (s, o) in enumerate(zip(suffixes, outputs))
+        )
+        return cls(reqs, seed=seed, kind="shared_prefix")
+
+    # -- facts --------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def is_offline(self) -> bool:
+        """True when the whole batch is handed over at once (paging is then deterministic)."""
+        return self.concurrency is None and all(r.arrival_s == 0 for r in self.requests)
+
+    @property
+    def max_total_len(self) -> int:
+        return max(r.total_len for r in self.requests)
+
+    @property
+    def num_sequences(self) -> int:
+        return sum(r.n for r in self.requests)
+
+    def token_ids(self, index: int, vocab_size: int, salt: int = 0) -> list[int]:
+        """Deterministic prompt token ids of request `index`.
+
+        `salt` changes every id (prefixes included) so that warm-up and repeats never hit the prefix
+        cache filled by an earlier pass over the same workload.
+        """
+        req = self.requests[index]
+        lo, hi = min(_FIRST_PLAIN_TOKEN, vocab_size // 2), vocab_size
+        own = np.random.default_rng([self.seed, 7, salt, index]).integers(lo, hi, size=req.prompt_len - req.prefix_len)
+        if not req.prefix_len:
+            return own.tolist()
+        prefix = np.random.default_rng([self.seed, 11, salt, req.prefix_group]).integers(lo, hi, size=req.prefix_len)
+        return prefix.tolist() + own.tolist()
+
+    def as_offline(self) -> Workload:
+        """The same requests handed over at once (arrivals and closed loop dropped)."""
+        reqs = tuple(Request(r.prompt_len, r.output_len, 0.0, r.prefix_group, r.n, r.prefix_len) for r in self.requests)
+        return Workload(reqs, seed=self.seed, kind=self.kind)
+
+    # -- serialisation ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": WORKLOAD_SCHEMA,
+            "kind": self.kind,
+            "seed": self.seed,
+            "concurrency": self.concurrency,
+            "requests": [_request_dict(r) for r in self.requests],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Workload:
+        if data.get("schema", WORKLOAD_SCHEMA) != WORKLOAD_SCHEMA:
+            raise ValueError(f"workload schema {data.get('schema')!r} is not {WORKLOAD_SCHEMA}: regenerate it")
+        reqs = tuple(Request(**r) for r in data["requests"])
+        return cls(reqs, seed=data.get("seed", 0), concurrency=data.get("concurrency"), kind=data.get("kind", "custom"))
+
+    @property
+    def hash(self) -> str:
+        """Content hash (requests, seed, concurrency): equal hashes mean the same traffic."""
+        content = {k: v for k, v in self.to_dict().items() if k != "kind"}
+        blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        p = [r.prompt_len for r in self.requests]
+        o = [r.output_len for r in self.requests]
+        loop = f", concurrency {self.concurrency}" if self.concurrency else ""
+        span = self.requests[-1].arrival_s
+        arrivals = f", arrivals over {span:.2f}s" if span else ""
+        return f"{self.kind}: {len(self)} requests, prompt {min(p)}-{max(p)}, output {min(o)}-{max(o)}{loop}{arrivals}"
+
+    def __repr__(self) -> str:
+        return f"Workload.from_dict({self.to_dict()!r})"
+
+
+def _request_dict(r: Request) -> dict[str, Any]:
+    d = asdict(r)
+    # defaults are left out so that stored workloads stay short and readable
+    defaults = {"arrival_s": 0.0, "prefix_group": None, "n": 1, "prefix_len": 0}
+    return {k: (int(v) if isinstance(v, np.integer) else v) for k, v in d.items() if defaults.get(k, object()) != v}
+
+
+def _draw_lengths(n: int, prompt_len: LengthSpec, output_len: LengthSpec, seed: int) -> tuple[list[int], list[int]]:
+    if not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"a workload needs n >= 1 requests, got n={n!r}")
+    p_dist, o_dist = as_distribution(prompt_len, "prompt_len"), as_distribution(output_len, "output_len")
+    prompts = p_dist.sample(np.random.default_rng([seed, 0]), n)
+    outputs = o_dist.sample(np.random.default_rng([seed, 1]), n)
+    return [int(x) for x in prompts], [int(x) for x in outputs]
