@@ -225,7 +225,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return report
     perf = item.stash.get(PERF, None)
     if perf is not None:
-        _record(item, report, perf)
+        _record(item, perf)
     if report.passed:
         judged = _judge(item)
         if judged is not None:
@@ -236,15 +236,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
-def _record(item: pytest.Item, report: pytest.TestReport, perf: LLMPerf) -> None:
-    """Headline metrics into JUnit XML properties."""
+def _record(item: pytest.Item, perf: LLMPerf) -> None:
+    """Headline metrics into JUnit XML properties (junitxml reads them from the teardown report,
+    which copies the item's list)."""
     for i, result in enumerate(perf.results):
         prefix = f"llmperf.{result.label or i}."
         for key in ("p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "output_tokens_per_s", "kv_fragmentation_max",
                     "kv_preemptions", "gpu_memory_peak_gib"):
             value = result.flat().get(key)
             if value is not None:
-                report.user_properties.append((prefix + key, round(value, 4)))
+                item.user_properties.append((prefix + key, round(value, 4)))
 
 
 def _row(nodeid: str, perf: LLMPerf, report: pytest.TestReport) -> dict[str, Any]:

