@@ -228,7 +228,7 @@ class VLLMEngine(Engine):
         req = workload.requests[i]
         ids = workload.token_ids(i, self.vocab_size, salt)
         params = SamplingParams(n=req.n, max_tokens=req.output_len, ignore_eos=True, detokenize=False,
-                                temperature=0.0 if req.n == 1 else 1.0, seed=i,
+                                temperature=0.0 if req.n == 1 else 1.0,
                                 output_kind=RequestOutputKind.DELTA)
         if slots is not None:
             await slots.acquire()

