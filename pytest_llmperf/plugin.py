@@ -17,6 +17,7 @@ import pytest
 from . import assertions
 from .assertions import Limit, MarkerError
 from .engines.base import Engine, EnginePool, default_engine
+from .gpu import KNOWN_CLASSES, GpuInfo, detect
 from .models import DEFAULT_MODEL, ModelSpec, resolve_model
 from .runner import LLMPerf
 
@@ -31,6 +32,7 @@ class Session:
     model_spec: str
     engine_defaults: dict[str, Any]
     hardware: str
+    gpu: GpuInfo | None
     pool: EnginePool = field(default_factory=EnginePool)
     models: dict[str, ModelSpec] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)
@@ -93,11 +95,15 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{ENGINE_MARKER}(**options): llmperf: engine options for this test or module, passed to the engine "
         "unchanged (e.g. block_size=32, max_num_seqs=64); engines are cached per distinct option set.",
     )
+    for cls in KNOWN_CLASSES:
+        config.addinivalue_line("markers", f"{cls}: llmperf: run only on {cls} hardware (select with -m {cls})")
+    gpu = detect()
     config.stash[SESSION] = Session(
         engine_name=_option(config, "engine") or default_engine(),
         model_spec=_option(config, "model") or DEFAULT_MODEL,
         engine_defaults=parse_engine_config(_option(config, "engine-config")),
-        hardware=_option(config, "hardware") or "cpu",
+        hardware=_option(config, "hardware") or (gpu.hardware_class if gpu else "cpu"),
+        gpu=gpu,
     )
 
 
@@ -134,11 +140,18 @@ def llmperf_session(pytestconfig: pytest.Config) -> Session:
     return pytestconfig.stash[SESSION]
 
 
+@pytest.fixture(scope="session")
+def gpu(llmperf_session: Session) -> GpuInfo | None:
+    """The GPU this worker uses (name, hardware_class, memory, driver, CUDA, compute capability), or None."""
+    return llmperf_session.gpu
+
+
 @pytest.fixture
 def llmperf(request: pytest.FixtureRequest, llmperf_session: Session) -> LLMPerf:
     """Runs workloads (`llmperf.run(engine, workload, repeats=1, warmup=True)`) and binds the
     results to this test, where the limit markers judge them."""
-    perf = LLMPerf(test_id=request.node.nodeid, on_broken=llmperf_session.pool.discard)
+    gpu_index = llmperf_session.gpu.index if llmperf_session.gpu else None
+    perf = LLMPerf(test_id=request.node.nodeid, on_broken=llmperf_session.pool.discard, gpu_index=gpu_index)
     request.node.stash[PERF] = perf
     return perf
 
@@ -172,6 +185,7 @@ vllm_engine_factory = pytest.fixture(_factory_fixture("vllm"), name="vllm_engine
 
 # -- judging ---------------------------------------------------------------------------------------
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    _skip_other_hardware(item)
     try:
         item.stash[LIMITS] = _limits(item)
         _engine_options(item)  # a malformed engine marker errors here, before anything starts
@@ -180,6 +194,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     else:
         return
     pytest.fail(f"llmperf: {item.nodeid}: {problem}", pytrace=False)
+
+
+def _skip_other_hardware(item: pytest.Item) -> None:
+    wanted = [m.name for m in item.iter_markers() if m.name in KNOWN_CLASSES]
+    state = item.config.stash[SESSION]
+    if wanted and state.hardware not in wanted:
+        found = f"{state.hardware} ({state.gpu.name})" if state.gpu else state.hardware
+        pytest.skip(f"needs {' or '.join(wanted)} hardware; this machine is {found} (override with --llmperf-hardware)")
 
 
 def _limits(item: pytest.Item) -> list[Limit]:

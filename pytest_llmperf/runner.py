@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .engines.base import Engine
+from .gpu import NvmlSampler
 from .metrics import PerfResult, summarize
 from .trace import RunTrace
 from .workload import Workload
@@ -26,6 +27,8 @@ class LLMPerf:
 
     test_id: str = ""
     on_broken: Callable[[Engine], None] | None = None
+    gpu_index: int | None = None  # sample this device with NVML during every measured pass
+    gpu_interval_s: float = 0.01
     results: list[PerfResult] = field(default_factory=list)
     engines: list[Engine] = field(default_factory=list)
     workloads: list[Workload] = field(default_factory=list)
@@ -39,7 +42,7 @@ class LLMPerf:
             if warmup:
                 engine.run(_warmup_of(workload), salt=_WARMUP_SALT)
             for i in range(repeats):
-                traces.append(engine.run(workload, salt=i))
+                traces.append(self._measured(engine, workload, salt=i))
         except BaseException:
             if self.on_broken is not None:
                 self.on_broken(engine)
@@ -49,6 +52,14 @@ class LLMPerf:
         self.engines.append(engine)
         self.workloads.append(workload)
         return result
+
+
+    def _measured(self, engine: Engine, workload: Workload, salt: int) -> RunTrace:
+        if self.gpu_index is None:
+            return engine.run(workload, salt=salt)
+        with NvmlSampler(self.gpu_index, self.gpu_interval_s) as sampler:
+            trace = engine.run(workload, salt=salt)
+        return replace(trace, gpu=sampler.samples)
 
 
 def _warmup_of(workload: Workload) -> Workload:
