@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from . import assertions
+from . import assertions, gating
 from .assertions import Limit, MarkerError
 from .engines.base import Engine, EnginePool, default_engine
 from .gpu import KNOWN_CLASSES, GpuInfo, detect
@@ -33,6 +34,7 @@ class Session:
     engine_defaults: dict[str, Any]
     hardware: str
     gpu: GpuInfo | None
+    gate: gating.GateConfig
     pool: EnginePool = field(default_factory=EnginePool)
     models: dict[str, ModelSpec] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)
@@ -81,6 +83,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="engine options as a JSON object, under any @pytest.mark.llmperf_engine(...)")
     group.addoption("--llmperf-hardware", default=None,
                     help="hardware class for per-hardware limits and baselines (default: detected; cpu without GPU)")
+    group.addoption("--llmperf-baseline", default=None, choices=gating.MODES,
+                    help="compare with stored baselines (default), update them from this run, or off")
+    group.addoption("--llmperf-baseline-dir", default=None, help="baseline folder (default: <rootdir>/baselines)")
+    group.addoption("--llmperf-tolerance", default=None, type=float,
+                    help="relative tolerance of timing metrics against a baseline (default 0.10)")
+    parser.addini("llmperf_baseline", "baseline mode: compare, update or off", default="compare")
+    parser.addini("llmperf_baseline_dir", "baseline folder", default="baselines")
+    parser.addini("llmperf_tolerance", "relative tolerance of timing metrics", default="0.10")
     parser.addini("llmperf_engine", "default engine (hf or vllm)", default="")
     parser.addini("llmperf_model", "default model", default=DEFAULT_MODEL)
     parser.addini("llmperf_engine_config", "default engine options (JSON object)", default="")
@@ -97,13 +107,26 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     for cls in KNOWN_CLASSES:
         config.addinivalue_line("markers", f"{cls}: llmperf: run only on {cls} hardware (select with -m {cls})")
+    config.addinivalue_line(
+        "markers",
+        f"{gating.TOLERANCE_MARKER}(**metric_fractions): llmperf: relative tolerance per metric against the stored "
+        "baseline, e.g. p99_ttft_ms=0.15 (also ttft_p99=0.15); paging metrics given here stop comparing exactly.",
+    )
     gpu = detect()
+    hardware = _option(config, "hardware") or (gpu.hardware_class if gpu else "cpu")
+    model_spec = _option(config, "model") or DEFAULT_MODEL
+    mode = _option(config, "baseline") or "compare"
+    if mode not in gating.MODES:
+        raise pytest.UsageError(f"llmperf_baseline={mode!r}: choose one of {', '.join(gating.MODES)}")
+    root = Path(_option(config, "baseline-dir") or "baselines")
     config.stash[SESSION] = Session(
         engine_name=_option(config, "engine") or default_engine(),
-        model_spec=_option(config, "model") or DEFAULT_MODEL,
+        model_spec=model_spec,
         engine_defaults=parse_engine_config(_option(config, "engine-config")),
-        hardware=_option(config, "hardware") or (gpu.hardware_class if gpu else "cpu"),
+        hardware=hardware,
         gpu=gpu,
+        gate=gating.GateConfig(mode, root if root.is_absolute() else config.rootpath / root,
+                               float(_option(config, "tolerance")), hardware, model_spec),
     )
 
 
@@ -248,14 +271,33 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     perf = item.stash.get(PERF, None)
     if perf is not None:
         _record(item, perf)
+    verdict = None
     if report.passed:
         judged = _judge(item)
+        if judged is None and perf is not None:
+            judged, verdict = _gate(item, perf)
         if judged is not None:
             report.outcome = "failed"
             report.longrepr, report.llmperf_failed = judged
     if perf is not None and perf.results:
-        item.config.stash[SESSION].rows.append(_row(item.nodeid, perf, report))
+        item.config.stash[SESSION].rows.append(_row(item.nodeid, perf, report, verdict))
     return report
+
+
+def _gate(item: pytest.Item, perf: LLMPerf) -> tuple[tuple[str, bool] | None, gating.Verdict | None]:
+    """Baseline comparison (or update) of a test whose limits held."""
+    state = item.config.stash[SESSION]
+    try:
+        tol = gating.tolerances([m.kwargs for m in reversed(list(item.iter_markers(gating.TOLERANCE_MARKER)))])
+        env = gating.environment(perf, state.hardware, state.gpu)
+        verdict = gating.gate(item.nodeid, perf, state.gate, env, tol)
+    except gating.BaselineError as e:
+        return (f"llmperf: {item.nodeid}: {e}", False), None
+    if verdict is not None and verdict.status == "regression":
+        return (gating.failure_text(verdict, env), True), verdict
+    if verdict is not None and verdict.message:
+        item.add_report_section("call", "llmperf baseline", verdict.message)
+    return None, verdict
 
 
 def _record(item: pytest.Item, perf: LLMPerf) -> None:
@@ -270,9 +312,10 @@ def _record(item: pytest.Item, perf: LLMPerf) -> None:
                 item.user_properties.append((prefix + key, round(value, 4)))
 
 
-def _row(nodeid: str, perf: LLMPerf, report: pytest.TestReport) -> dict[str, Any]:
+def _row(nodeid: str, perf: LLMPerf, report: pytest.TestReport, verdict: gating.Verdict | None) -> dict[str, Any]:
     last = perf.results[-1].flat()
     return {"test": nodeid, "engine": perf.results[-1].engine, "outcome": report.outcome,
+            "baseline": verdict.status if verdict is not None else "-",
             "p99_ttft_ms": last["p99_ttft_ms"], "p99_tpot_ms": last["p99_tpot_ms"],
             "output_tokens_per_s": last["output_tokens_per_s"], "kv_fragmentation_max": last["kv_fragmentation_max"],
             "kv_preemptions": last["kv_preemptions"]}
@@ -290,10 +333,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         return
     tr = terminalreporter
     tr.section("llmperf")
-    head = ("test", "engine", "TTFT p99 ms", "TPOT p99 ms", "out tok/s", "KV frag max", "preempt", "result")
+    head = ("test", "engine", "TTFT p99 ms", "TPOT p99 ms", "out tok/s", "KV frag max", "preempt", "baseline", "result")
     rows = [head] + [
         (r["test"], r["engine"], _cell(r["p99_ttft_ms"]), _cell(r["p99_tpot_ms"]), _cell(r["output_tokens_per_s"]),
-         _cell(r["kv_fragmentation_max"]), _cell(r["kv_preemptions"]), r["outcome"])
+         _cell(r["kv_fragmentation_max"]), _cell(r["kv_preemptions"]), r["baseline"], r["outcome"])
         for r in state.rows
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]

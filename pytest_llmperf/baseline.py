@@ -1,0 +1,224 @@
+"""The baseline store and the comparison rules. Knows nothing of engines or pytest.
+
+One small JSON file per test, hardware class and model under `baselines/`, sorted keys and rounded
+floats so that a pull-request diff reads well. A baseline is comparable only when the workload hash
+matches; the engine version and configuration are recorded and shown, never part of the key (a vLLM
+upgrade or a config change is exactly what the gate judges).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+DEFAULT_TOLERANCE = 0.10
+SIGNIFICANCE = 0.05  # Mann-Whitney U across repeats, as asv uses
+
+# metric -> True when higher is better
+COMPARED: dict[str, bool] = {
+    "p50_ttft_ms": False, "p99_ttft_ms": False, "p99_tpot_ms": False, "p99_itl_ms": False, "p99_e2e_ms": False,
+    "output_tokens_per_s": True, "requests_per_s": True,
+    "kv_fragmentation_max": False, "kv_fragmentation_mean": False, "kv_usage_peak": False, "kv_blocks_peak": False,
+    "kv_preemptions": False, "kv_prefix_hit_rate": True, "gpu_memory_peak_gib": False,
+}
+PAGING = frozenset(k for k in COMPARED if k.startswith("kv_"))
+
+
+class BaselineError(Exception):
+    """A baseline file that cannot be used; never silently replaced."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One recorded result of a test (a test may record several, told apart by label)."""
+
+    label: str
+    workload_hash: str
+    deterministic: bool  # offline workload with a fixed budget: paging compares exactly
+    metrics: Mapping[str, float | None]
+    per_repeat: Sequence[Mapping[str, float | None]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "workload_hash": self.workload_hash, "deterministic": self.deterministic,
+                "metrics": _rounded(self.metrics), "per_repeat": [_rounded(p) for p in self.per_repeat]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Entry:
+        return cls(d["label"], d["workload_hash"], bool(d["deterministic"]), dict(d["metrics"]),
+                   [dict(p) for p in d.get("per_repeat", [])])
+
+
+@dataclass(frozen=True)
+class Row:
+    """One compared metric: what the regression table prints."""
+
+    label: str
+    metric: str
+    baseline: float
+    current: float
+    allowed: float  # relative tolerance applied
+    verdict: str  # "ok", "regression", "improvement"
+    reason: str = ""
+
+    @property
+    def change(self) -> float:
+        return (self.current - self.baseline) / abs(self.baseline) if self.baseline else math.inf * (self.current != 0)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str  # "pass", "regression", "stale", "no-baseline"
+    rows: tuple[Row, ...] = ()
+    message: str = ""
+    environment: Mapping[str, Any] | None = None
+
+    @property
+    def regressions(self) -> tuple[Row, ...]:
+        return tuple(r for r in self.rows if r.verdict == "regression")
+
+
+# -- storage ---------------------------------------------------------------------------------------
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("_")[:180]
+
+
+def path_for(root: Path, test_id: str, hardware: str, model: str) -> Path:
+    return root / slug(hardware) / slug(model) / f"{slug(test_id)}.json"
+
+
+def load(path: Path) -> dict[str, Any] | None:
+    """The stored baseline, None when there is none; BaselineError for a file that cannot be trusted."""
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BaselineError(f"baseline {path} is unreadable ({e}); fix or delete it, then rerun with "
+                            "--llmperf-baseline=update") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("entries"), list):
+        raise BaselineError(f"baseline {path} is not a pytest-llmperf schema-{SCHEMA} baseline; "
+                            "delete it and rerun with --llmperf-baseline=update")
+    return data
+
+
+def write(path: Path, document: Mapping[str, Any]) -> None:
+    """Atomic: write a temporary file beside the target, then rename it over the target."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(document, indent=1, sort_keys=True) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def document(test_id: str, hardware: str, model: str, environment: Mapping[str, Any],
+             entries: Sequence[Entry]) -> dict[str, Any]:
+    return {"schema": SCHEMA, "test": test_id, "hardware": hardware, "model": model,
+            "environment": dict(environment), "entries": [e.to_dict() for e in entries]}
+
+
+def _rounded(metrics: Mapping[str, float | None]) -> dict[str, float | None]:
+    # 6 significant digits: stable in diffs, far below any noise we judge
+    return {k: _round(v) for k, v in sorted(metrics.items()) if k in COMPARED or k == "error_rate"}
+
+
+def _round(value: Any) -> Any:
+    return float(f"{value:.6g}") if isinstance(value, float) else value
+
+
+# -- comparison ------------------------------------------------------------------------------------
+def compare(stored: Mapping[str, Any], current: Sequence[Entry], tolerances: Mapping[str, float] | None = None,
+            default_tolerance: float = DEFAULT_TOLERANCE) -> Verdict:
+    tolerances = tolerances or {}
+    by_label = {e["label"]: Entry.from_dict(e) for e in stored["entries"]}
+    rows: list[Row] = []
+    for cur in current:
+        old = by_label.get(cur.label)
+        if old is None:
+            return Verdict("no-baseline", message=f"no baseline entry for result {cur.label!r}")
+        if old.workload_hash != cur.workload_hash:
+            return Verdict("stale", message=(
+                f"stale baseline: workload of {cur.label!r} changed ({old.workload_hash} -> {cur.workload_hash}); "
+                "rerun with --llmperf-baseline=update to record the new workload"))
+        rows.extend(_compare_entry(old, cur, tolerances, default_tolerance))
+    status = "regression" if any(r.verdict == "regression" for r in rows) else "pass"
+    return Verdict(status, tuple(rows), environment=stored.get("environment"))
+
+
+def _compare_entry(old: Entry, cur: Entry, tolerances: Mapping[str, float], default: float) -> list[Row]:
+    rows = []
+    for metric, higher_better in COMPARED.items():
+        b, c = old.metrics.get(metric), cur.metrics.get(metric)
+        if b is None or c is None:
+            continue
+        b, c = _round(b), _round(c)  # both as stored, so an unchanged run compares equal
+        exact = metric in PAGING and old.deterministic and cur.deterministic and metric not in tolerances
+        tol = 0.0 if exact else tolerances.get(metric, default)
+        if not exact:
+            tol = max(tol, _spread(cur.per_repeat, metric))  # never tighter than the noise seen now
+        worse = (c < b) if higher_better else (c > b)
+        change = abs(c - b) / abs(b) if b else (math.inf if c != b else 0.0)
+        if c == b or change <= tol:
+            verdict, reason = "ok", ""
+        elif not worse:
+            verdict, reason = "improvement", ""
+        elif exact:
+            verdict, reason = "regression", f"paging changed: {metric} {_fmt(b)} -> {_fmt(c)}"
+        elif not _significant(old.per_repeat, cur.per_repeat, metric, higher_better):
+            verdict, reason = "ok", "within noise (not significant across repeats)"
+        else:
+            verdict, reason = "regression", f"{'down' if higher_better else 'up'} {change:.1%}, allowed {tol:.1%}"
+        rows.append(Row(cur.label, metric, b, c, tol, verdict, reason))
+    return rows
+
+
+def _spread(per_repeat: Sequence[Mapping[str, float | None]], metric: str) -> float:
+    values = [p[metric] for p in per_repeat if p.get(metric) is not None]
+    if len(values) < 2:
+        return 0.0
+    mid = sorted(values)[len(values) // 2]
+    return (max(values) - min(values)) / abs(mid) if mid else 0.0
+
+
+def _significant(old: Sequence[Mapping[str, float | None]], new: Sequence[Mapping[str, float | None]],
+                 metric: str, higher_better: bool) -> bool:
+    """One-sided Mann-Whitney U across repeats; with fewer than 3 repeats a side, trust the tolerance."""
+    a = [p[metric] for p in old if p.get(metric) is not None]
+    b = [p[metric] for p in new if p.get(metric) is not None]
+    if len(a) < 3 or len(b) < 3:
+        return True
+    from scipy.stats import mannwhitneyu
+
+    alternative = "less" if higher_better else "greater"
+    return mannwhitneyu(b, a, alternative=alternative).pvalue < SIGNIFICANCE
+
+
+def format_table(verdict: Verdict) -> str:
+    head = ("result", "metric", "baseline", "current", "change", "allowed", "reason")
+    rows = [head] + [
+        (r.label or "-", r.metric, _fmt(r.baseline), _fmt(r.current), f"{r.change:+.1%}", f"{r.allowed:.1%}",
+         r.reason or r.verdict)
+        for r in verdict.rows if r.verdict != "ok" or r.reason
+    ]
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
+    return "\n".join("  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:.4g}"

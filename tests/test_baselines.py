@@ -1,0 +1,130 @@
+"""Baselines: comparison rules on hand-made entries, and the gate end to end on real transformers runs."""
+
+import json
+
+import pytest
+
+from pytest_llmperf import baseline
+from pytest_llmperf.baseline import BaselineError, Entry
+
+
+def entry(per_repeat, deterministic=True, wl="w1"):
+    keys = per_repeat[0].keys()
+    median = {k: sorted(p[k] for p in per_repeat)[len(per_repeat) // 2] for k in keys}
+    return Entry("0", wl, deterministic, median, per_repeat)
+
+
+def stored(e):
+    return baseline.document("t", "cpu", "m", {"engine_version": "1"}, [e])
+
+
+def test_paging_metrics_compare_exactly_and_name_the_change():
+    old = entry([{"kv_blocks_peak": 412, "output_tokens_per_s": 100.0}])
+    new = entry([{"kv_blocks_peak": 436, "output_tokens_per_s": 100.0}])
+    v = baseline.compare(stored(old), [new])
+    assert v.status == "regression"
+    assert v.regressions[0].reason == "paging changed: kv_blocks_peak 412 -> 436"
+    # an explicit tolerance turns the exact rule off
+    assert baseline.compare(stored(old), [new], tolerances={"kv_blocks_peak": 0.1}).status == "pass"
+    # timed arrivals make paging timing-dependent: compared with the tolerance then
+    timed = baseline.compare(stored(entry([{"kv_blocks_peak": 412}], False)), [entry([{"kv_blocks_peak": 436}], False)])
+    assert timed.status == "pass"
+
+
+def test_timing_tolerance_direction_and_improvements():
+    old = entry([{"output_tokens_per_s": 100.0, "p99_ttft_ms": 50.0}])
+    assert baseline.compare(stored(old), [entry([{"output_tokens_per_s": 91.0, "p99_ttft_ms": 54.0}])]).status == "pass"
+    slow = baseline.compare(stored(old), [entry([{"output_tokens_per_s": 85.0, "p99_ttft_ms": 50.0}])])
+    assert slow.status == "regression" and slow.regressions[0].metric == "output_tokens_per_s"
+    assert slow.regressions[0].reason == "down 15.0%, allowed 10.0%"
+    better = baseline.compare(stored(old), [entry([{"output_tokens_per_s": 150.0, "p99_ttft_ms": 20.0}])])
+    assert better.status == "pass" and {r.verdict for r in better.rows} == {"improvement"}
+
+
+def test_tolerance_is_never_tighter_than_the_noise_of_the_current_repeats():
+    old = entry([{"p99_ttft_ms": 50.0}])
+    noisy = entry([{"p99_ttft_ms": 40.0}, {"p99_ttft_ms": 58.0}, {"p99_ttft_ms": 60.0}])  # spread 20/58 = 34%
+    v = baseline.compare(stored(old), [noisy])
+    assert v.status == "pass" and v.rows[0].allowed == pytest.approx(20 / 58)
+
+
+def test_one_noisy_repeat_cannot_fail_when_repeats_overlap():
+    old = entry([{"p99_ttft_ms": v} for v in (50.0, 51.0, 49.0, 50.5, 70.0)])
+    new = entry([{"p99_ttft_ms": v} for v in (50.2, 49.5, 50.8, 75.0, 49.9)])
+    v = baseline.compare(stored(old), [new], default_tolerance=0.0)
+    assert v.status == "pass"
+    # a consistent shift, every repeat slower than every baseline repeat, is significant
+    steady = entry([{"p99_ttft_ms": v} for v in (50.0, 51.0, 49.0, 50.5, 50.2)])
+    shifted = entry([{"p99_ttft_ms": v} for v in (60.0, 61.0, 60.5, 62.0, 61.5)])
+    assert baseline.compare(stored(steady), [shifted], default_tolerance=0.05).status == "regression"
+    # but not when one baseline repeat was as slow: the shift is not significant across repeats
+    assert baseline.compare(stored(old), [shifted], default_tolerance=0.05).status == "pass"
+
+
+def test_changed_workload_is_stale_not_compared():
+    v = baseline.compare(stored(entry([{"p99_ttft_ms": 1.0}])), [entry([{"p99_ttft_ms": 9.0}], wl="w2")])
+    assert v.status == "stale" and "w1 -> w2" in v.message
+
+
+def test_files_are_sorted_atomic_and_corrupt_ones_are_errors(tmp_path):
+    path = baseline.path_for(tmp_path, "perf_tests/test_a.py::test_x[4]", "a100", "shape:llama-3.1-8b")
+    assert path.relative_to(tmp_path).parts[:2] == ("a100", "shape_llama-3.1-8b")
+    doc = stored(entry([{"p99_ttft_ms": 1.234567891, "kv_blocks_peak": 3}]))
+    baseline.write(path, doc)
+    text = path.read_text()
+    assert json.loads(text)["entries"][0]["metrics"]["p99_ttft_ms"] == 1.23457
+    assert text == json.dumps(json.loads(text), indent=1, sort_keys=True) + "\n"
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left behind
+    path.write_text('{"entries": [')
+    with pytest.raises(BaselineError, match=str(path)):
+        baseline.load(path)
+    path.write_text('{"schema": 99, "entries": []}')
+    with pytest.raises(BaselineError, match="not a pytest-llmperf schema-1 baseline"):
+        baseline.load(path)
+
+
+GATED = """
+import pytest
+from pytest_llmperf import Workload
+
+@pytest.mark.llmperf_tolerance(p99_ttft_ms=5.0, p50_ttft_ms=5.0, p99_tpot_ms=5.0, p99_itl_ms=5.0, p99_e2e_ms=5.0,
+                               output_tokens_per_s=0.9, requests_per_s=0.9)
+@pytest.mark.llmperf_engine(max_batch_size=BATCH)
+def test_gated(hf_engine, llmperf):
+    llmperf.run(hf_engine, Workload.offline(12, prompt_len=(16, 64), output_len=(4, 24), seed=1))
+"""
+
+
+def test_the_gate_end_to_end(pytester):
+    """Record, rerun unchanged (passes), degrade the engine (fails naming the metric), then a
+    corrupt and a foreign-hardware baseline. Timing tolerances are wide: this CPU is shared, and the
+    paging metrics (exact) are what must catch the changed batch size."""
+    pytester.makepyfile(test_gate=GATED.replace("BATCH", "2"))
+    args = ["--llmperf-engine=hf", "-p", "no:randomly"]
+    pytester.runpytest_inprocess(*args, "--llmperf-baseline=update").assert_outcomes(passed=1)
+    files = list((pytester.path / "baselines").rglob("*.json"))
+    assert len(files) == 1 and files[0].parts[-3:-1] == ("cpu", "shape_tiny-llama")
+    recorded = files[0].read_text()
+
+    again = pytester.runpytest_inprocess(*args)
+    again.assert_outcomes(passed=1)
+    assert "pass" in again.stdout.str()
+
+    # a bigger static batch pads more: the contiguous cache wastes more of what it reserves
+    pytester.makepyfile(test_gate=GATED.replace("BATCH", "8"))
+    degraded = pytester.runpytest_inprocess(*args)
+    degraded.assert_outcomes(failed=1)
+    out = degraded.stdout.str()
+    assert "regression against the stored baseline" in out and "paging changed: kv_fragmentation" in out
+    assert "changed since the baseline: engine_config.max_batch_size: 2 -> 8" in out
+    assert files[0].read_text() == recorded  # compare never writes
+
+    files[0].write_text(recorded[: len(recorded) // 2])
+    corrupt = pytester.runpytest_inprocess(*args)
+    corrupt.assert_outcomes(failed=1)
+    assert "is unreadable" in corrupt.stdout.str() and str(files[0]) in corrupt.stdout.str()
+    assert files[0].read_text() == recorded[: len(recorded) // 2]  # never silently replaced
+
+    foreign = pytester.runpytest_inprocess(*args, "--llmperf-hardware=a100")
+    foreign.assert_outcomes(passed=1)
+    assert "no-baseline" in foreign.stdout.str()
