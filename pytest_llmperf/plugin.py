@@ -274,7 +274,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     verdict = None
     if report.passed:
         judged = _judge(item)
-        if judged is None and perf is not None:
+        if judged is None and perf is not None and perf.results:
             judged, verdict = _gate(item, perf)
         if judged is not None:
             report.outcome = "failed"
