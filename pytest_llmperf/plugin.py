@@ -45,7 +45,10 @@ class Session:
         return self.models[self.model_spec]
 
     def engine(self, name: str, config: dict[str, Any]) -> Engine:
-        return self.pool.get(name, self.model(), {**self.engine_defaults, **config})
+        # CLI/ini engine options are written for the session's engine; another engine (hf beside vLLM
+        # in a comparison test) would reject them
+        defaults = self.engine_defaults if name == self.engine_name else {}
+        return self.pool.get(name, self.model(), {**defaults, **config})
 
 
 SESSION = pytest.StashKey[Session]()
@@ -80,7 +83,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--llmperf-model", default=None,
                     help=f"model folder, hub id or shape:NAME with random weights (default {DEFAULT_MODEL})")
     group.addoption("--llmperf-engine-config", default=None,
-                    help="engine options as a JSON object, under any @pytest.mark.llmperf_engine(...)")
+                    help="options of the --llmperf-engine engine as a JSON object, under any @pytest.mark.llmperf_engine(...)")
     group.addoption("--llmperf-hardware", default=None,
                     help="hardware class for per-hardware limits and baselines (default: detected; cpu without GPU)")
     group.addoption("--llmperf-baseline", default=None, choices=gating.MODES,

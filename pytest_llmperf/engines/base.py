@@ -60,7 +60,8 @@ class Engine(ABC):
             )
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name} {self.version} model={self.model.name}>"
+        model = getattr(getattr(self, "model", None), "name", "?")
+        return f"<{type(self).__name__} {self.name} {getattr(self, 'version', '?')} model={model}>"
 
 
 def engine_class(name: str) -> type[Engine]:
