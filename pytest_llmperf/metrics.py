@@ -157,6 +157,7 @@ def flat_metrics(r: PerfResult) -> dict[str, float | None]:
         total_tokens_per_s=r.throughput.total_tokens_per_s,
         requests_per_s=r.throughput.requests_per_s,
         error_rate=r.error_rate,
+        duration_s=r.duration_s,
     )
     for k in ("fragmentation_max", "fragmentation_mean", "usage_peak", "usage_mean", "blocks_peak",
               "preemptions", "prefix_hit_rate"):

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from . import assertions, gating
+from . import assertions, gating, pytest_benchmark_bridge
 from .assertions import Limit, MarkerError
 from .engines.base import Engine, EnginePool, default_engine
 from .gpu import KNOWN_CLASSES, GpuInfo, detect
 from .models import DEFAULT_MODEL, ModelSpec, resolve_model
+from .report import HEADLINE, TestRecord, result_record
+from .report import write as write_report
 from .runner import LLMPerf
 
 ENGINE_MARKER = "llmperf_engine"
@@ -37,7 +39,13 @@ class Session:
     gate: gating.GateConfig
     pool: EnginePool = field(default_factory=EnginePool)
     models: dict[str, ModelSpec] = field(default_factory=dict)
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    report_dir: Path | None = None
+    records: list[TestRecord] = field(default_factory=list)
+
+    def describe(self) -> dict[str, Any]:
+        gpu = asdict(self.gpu) if self.gpu else None
+        return {"engine": self.engine_name, "model": self.model_spec, "hardware": self.hardware, "gpu": gpu,
+                "baseline_mode": self.gate.mode, "engine_config": self.engine_defaults}
 
     def model(self) -> ModelSpec:
         if self.model_spec not in self.models:
@@ -91,6 +99,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--llmperf-baseline-dir", default=None, help="baseline folder (default: <rootdir>/baselines)")
     group.addoption("--llmperf-tolerance", default=None, type=float,
                     help="relative tolerance of timing metrics against a baseline (default 0.10)")
+    group.addoption("--llmperf-report", default=None, metavar="DIR",
+                    help="write results.json and summary.md there (and append the summary to $GITHUB_STEP_SUMMARY)")
+    parser.addini("llmperf_report", "report folder", default="")
     parser.addini("llmperf_baseline", "baseline mode: compare, update or off", default="compare")
     parser.addini("llmperf_baseline_dir", "baseline folder", default="baselines")
     parser.addini("llmperf_tolerance", "relative tolerance of timing metrics", default="0.10")
@@ -130,6 +141,7 @@ def pytest_configure(config: pytest.Config) -> None:
         gpu=gpu,
         gate=gating.GateConfig(mode, root if root.is_absolute() else config.rootpath / root,
                                float(_option(config, "tolerance")), hardware, model_spec),
+        report_dir=Path(_option(config, "report")) if _option(config, "report") else None,
     )
 
 
@@ -283,7 +295,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.outcome = "failed"
             report.longrepr, report.llmperf_failed = judged
     if perf is not None and perf.results:
-        item.config.stash[SESSION].rows.append(_row(item.nodeid, perf, report, verdict))
+        state = item.config.stash[SESSION]
+        state.records.append(_test_record(item.nodeid, perf, report, verdict, state))
+        pytest_benchmark_bridge.add(item, perf)
     return report
 
 
@@ -315,13 +329,15 @@ def _record(item: pytest.Item, perf: LLMPerf) -> None:
                 item.user_properties.append((prefix + key, round(value, 4)))
 
 
-def _row(nodeid: str, perf: LLMPerf, report: pytest.TestReport, verdict: gating.Verdict | None) -> dict[str, Any]:
-    last = perf.results[-1].flat()
-    return {"test": nodeid, "engine": perf.results[-1].engine, "outcome": report.outcome,
-            "baseline": verdict.status if verdict is not None else "-",
-            "p99_ttft_ms": last["p99_ttft_ms"], "p99_tpot_ms": last["p99_tpot_ms"],
-            "output_tokens_per_s": last["output_tokens_per_s"], "kv_fragmentation_max": last["kv_fragmentation_max"],
-            "kv_preemptions": last["kv_preemptions"]}
+def _test_record(nodeid: str, perf: LLMPerf, report: pytest.TestReport, verdict: gating.Verdict | None,
+                 state: Session) -> TestRecord:
+    results = [
+        result_record(entry, result.to_dict(), workload.to_dict())
+        for entry, result, workload in zip(gating.entries(perf), perf.results, perf.workloads)
+    ]
+    rows = [{**asdict(r), "change": r.change} for r in verdict.rows] if verdict is not None else []
+    return TestRecord(nodeid, report.outcome, verdict.status if verdict is not None else "-", rows, results,
+                      gating.environment(perf, state.hardware, state.gpu))
 
 
 def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, Any] | None:
@@ -332,23 +348,28 @@ def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, Any] 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state = config.stash.get(SESSION, None)
-    if state is None or not state.rows:
+    if state is None or not state.records:
         return
     tr = terminalreporter
     tr.section("llmperf")
-    head = ("test", "engine", "TTFT p99 ms", "TPOT p99 ms", "out tok/s", "KV frag max", "preempt", "baseline", "result")
+    head = ("test", "result", *(name for _, name in HEADLINE), "baseline", "outcome")
     rows = [head] + [
-        (r["test"], r["engine"], _cell(r["p99_ttft_ms"]), _cell(r["p99_tpot_ms"]), _cell(r["output_tokens_per_s"]),
-         _cell(r["kv_fragmentation_max"]), _cell(r["kv_preemptions"]), r["baseline"], r["outcome"])
-        for r in state.rows
+        (rec.test, res["label"], *(_cell(res["metrics"].get(k)) for k, _ in HEADLINE), rec.baseline, rec.outcome)
+        for rec in state.records
+        for res in rec.results
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     for row in rows:
         tr.write_line("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     tr.write_line(f"engines started: {state.pool.starts}; hardware class: {state.hardware}; model: {state.model_spec}")
+    if state.report_dir is not None:
+        paths = write_report(state.report_dir, state.records, state.describe())
+        tr.write_line("llmperf report: " + ", ".join(str(p) for p in paths))
 
 
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
-    return f"{value:.3f}" if isinstance(value, float) and value < 1 else f"{value:.1f}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 1 else f"{value:.1f}"
+    return str(value)

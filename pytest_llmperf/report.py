@@ -1,0 +1,123 @@
+"""Reports: `results.json` (machine-readable, versioned), `summary.md` (GitHub-flavoured markdown, also
+appended to `$GITHUB_STEP_SUMMARY`), and the comparison of two results files. Knows nothing of engines
+or pytest: it reads plain records the plugin hands over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import baseline
+from .baseline import Entry
+
+RESULTS_SCHEMA = 1
+HEADLINE = (("p99_ttft_ms", "TTFT p99 ms"), ("p99_tpot_ms", "TPOT p99 ms"), ("p99_itl_ms", "ITL p99 ms"),
+            ("output_tokens_per_s", "out tok/s"), ("kv_fragmentation_max", "KV frag max"),
+            ("kv_preemptions", "preempt"), ("gpu_memory_peak_gib", "GPU GiB"))
+
+
+@dataclass
+class TestRecord:
+    """One test's outcome and every result it recorded."""
+
+    test: str
+    outcome: str
+    baseline: str = "-"
+    baseline_rows: list[dict[str, Any]] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+
+
+def result_record(entry: Entry, summary: Mapping[str, Any], workload: Mapping[str, Any]) -> dict[str, Any]:
+    """What results.json keeps of one PerfResult: enough to compare it again later."""
+    return {**entry.to_dict(), "summary": dict(summary), "workload": dict(workload)}
+
+
+def document(records: Sequence[TestRecord], session: Mapping[str, Any]) -> dict[str, Any]:
+    return {"schema": RESULTS_SCHEMA, "session": dict(session), "tests": [asdict(r) for r in records]}
+
+
+def markdown(records: Sequence[TestRecord], session: Mapping[str, Any]) -> str:
+    head = ["test", "result", *(name for _, name in HEADLINE), "outcome", "baseline"]
+    lines = [
+        "## pytest-llmperf",
+        "",
+        f"hardware `{session.get('hardware')}`, model `{session.get('model')}`, engine `{session.get('engine')}`",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for rec in records:
+        for res in rec.results:
+            cells = [f"`{rec.test}`", res["label"], *(_cell(res["metrics"].get(k)) for k, _ in HEADLINE),
+                     _outcome(rec.outcome), rec.baseline]
+            lines.append("| " + " | ".join(cells) + " |")
+    regressions = [(rec.test, row) for rec in records for row in rec.baseline_rows if row["verdict"] == "regression"]
+    if regressions:
+        lines += ["", "### Regressions against the stored baselines", "",
+                  "| test | result | metric | baseline | current | change | allowed | reason |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| `{t}` | {r['label']} | {r['metric']} | {_cell(r['baseline'])} | {_cell(r['current'])} | "
+                  f"{r['change']:+.1%} | {r['allowed']:.1%} | {r['reason']} |" for t, r in regressions]
+    return "\n".join(lines) + "\n"
+
+
+def write(directory: Path, records: Sequence[TestRecord], session: Mapping[str, Any]) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    results, summary = directory / "results.json", directory / "summary.md"
+    results.write_text(json.dumps(document(records, session), indent=1, sort_keys=True, default=str) + "\n")
+    text = markdown(records, session)
+    summary.write_text(text)
+    step = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step:
+        with open(step, "a") as f:
+            f.write(text)
+    return [results, summary]
+
+
+# -- comparing two results files -----------------------------------------------------------------
+def load(path: str | Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable results file ({e})") from None
+    if not isinstance(data, dict) or data.get("schema") != RESULTS_SCHEMA:
+        raise ValueError(f"{path}: not a pytest-llmperf results.json of schema {RESULTS_SCHEMA}")
+    return data
+
+
+def compare_files(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: float) -> tuple[str, bool]:
+    """The regression table of every test present in both files, with the baseline rules."""
+    before = {t["test"]: t for t in old["tests"] if t["results"]}
+    out, regressed = [], False
+    for test in new["tests"]:
+        if not test["results"]:
+            continue
+        prior = before.get(test["test"])
+        if prior is None:
+            out.append(f"{test['test']}: new test, nothing to compare")
+            continue
+        stored = {"entries": prior["results"], "environment": prior.get("environment")}
+        verdict = baseline.compare(stored, [Entry.from_dict(r) for r in test["results"]], default_tolerance=tolerance)
+        regressed |= verdict.status == "regression"
+        out.append(f"{test['test']}: {verdict.status}{' - ' + verdict.message if verdict.message else ''}")
+        if verdict.rows and any(r.verdict != "ok" or r.reason for r in verdict.rows):
+            out.append(baseline.format_table(verdict))
+    return "\n".join(out), regressed
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 1 else f"{value:.1f}"
+    return str(value)
+
+
+def _outcome(outcome: str) -> str:
+    return {"passed": "pass", "failed": "**FAIL**"}.get(outcome, outcome)

@@ -1,0 +1,65 @@
+"""Reports: results.json, summary.md, the GitHub step summary, pytest-benchmark's JSON, and
+`python -m pytest_llmperf compare` on two results files."""
+
+import json
+import subprocess
+import sys
+
+TEST = """
+import pytest
+from pytest_llmperf import Workload
+
+def test_chat(hf_engine, llmperf):
+    llmperf.run(hf_engine, Workload.offline(6, prompt_len=(16, 48), output_len=(4, 12), seed=1), repeats=3, label="chat")
+"""
+
+
+def test_report_files_step_summary_and_pytest_benchmark(pytester, monkeypatch):
+    step = pytester.path / "step.md"
+    step.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
+    pytester.makepyfile(test_r=TEST)
+    result = pytester.runpytest_inprocess("--llmperf-engine=hf", "--llmperf-report=rep", "--benchmark-json=bench.json")
+    result.assert_outcomes(passed=1)
+
+    doc = json.loads((pytester.path / "rep" / "results.json").read_text())
+    assert doc["schema"] == 1 and doc["session"]["model"] == "shape:tiny-llama" and doc["session"]["hardware"] == "cpu"
+    (test,) = doc["tests"]
+    assert test["test"] == "test_r.py::test_chat" and test["outcome"] == "passed"
+    (res,) = test["results"]
+    assert res["label"] == "chat" and len(res["per_repeat"]) == 3 and res["deterministic"] is True
+    assert res["summary"]["repeats"] == 3 and len(res["workload"]["requests"]) == 6
+    assert test["environment"]["engine"] == "hf" and "max_batch_size" in test["environment"]["engine_config"]
+
+    summary = (pytester.path / "rep" / "summary.md").read_text()
+    assert "| `test_r.py::test_chat` | chat |" in summary
+    assert step.read_text() == "earlier step\n" + summary  # appended, not replaced
+
+    bench = json.loads((pytester.path / "bench.json").read_text())["benchmarks"]
+    assert len(bench) == 1 and bench[0]["name"] == "test_chat" and bench[0]["stats"]["rounds"] == 3
+    assert bench[0]["extra_info"]["llmperf_output_tokens_per_s"] > 0
+
+
+def test_compare_cli_applies_the_baseline_rules(pytester):
+    pytester.makepyfile(test_r=TEST)
+    pytester.runpytest_inprocess("--llmperf-engine=hf", "--llmperf-report=old").assert_outcomes(passed=1)
+    old = pytester.path / "old" / "results.json"
+
+    def compare(new_doc):
+        new = pytester.path / "new.json"
+        new.write_text(json.dumps(new_doc))
+        return subprocess.run([sys.executable, "-m", "pytest_llmperf", "compare", str(old), str(new)],
+                              capture_output=True, text=True)
+
+    same = compare(json.loads(old.read_text()))
+    assert same.returncode == 0 and "test_r.py::test_chat: pass" in same.stdout
+
+    changed = json.loads(old.read_text())
+    res = changed["tests"][0]["results"][0]
+    res["metrics"]["kv_blocks_peak"] += 24
+    worse = compare(changed)
+    assert worse.returncode == 1 and "paging changed: kv_blocks_peak" in worse.stdout
+
+    bad = subprocess.run([sys.executable, "-m", "pytest_llmperf", "compare", str(old), str(pytester.path / "nope.json")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "not a readable results file" in bad.stderr
