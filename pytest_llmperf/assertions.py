@@ -125,10 +125,29 @@ def min_prefix_cache_hit_rate(rate: float) -> list[Limit]:
                   _number(rate, "rate", fraction=True), False)]
 
 
-def max_gpu_memory(*, gib: float | None = None) -> list[Limit]:
-    """fail when the device memory peak (NVML, all processes) is above gib GiB."""
-    _need_one(locals(), ["gib"])
-    return [Limit(_written("max_gpu_memory", (), {"gib": gib}), "gpu_memory_peak_gib", _number(gib, "gib"), True, "GiB")]
+def max_gpu_memory(*, gib: float | None = None, fraction: float | None = None) -> list[Limit]:
+    """fail when the device memory peak (NVML, all processes) is above gib GiB, or above fraction of the card."""
+    given = _need_one({"gib": gib, "fraction": fraction}, ["gib", "fraction"])
+    limits = []
+    if "gib" in given:
+        limits.append(Limit(_written("max_gpu_memory", (), {"gib": gib}), "gpu_memory_peak_gib", _number(gib, "gib"),
+                            True, "GiB"))
+    if "fraction" in given:
+        limits.append(Limit(_written("max_gpu_memory", (), {"fraction": fraction}), "gpu_memory_peak_fraction",
+                            _number(fraction, "fraction", fraction=True), True))
+    return limits
+
+
+def max_memory_per_request(*, mib: float) -> list[Limit]:
+    """fail when device memory per concurrent request, (peak - idle) / peak concurrency, is above mib MiB."""
+    return [Limit(_written("max_memory_per_request", (), {"mib": mib}), "gpu_memory_per_request_mib",
+                  _number(mib, "mib"), True, "MiB")]
+
+
+def max_energy_per_token(*, joules: float) -> list[Limit]:
+    """fail when the GPU energy per output token (NVML total-energy counter) is above joules J."""
+    return [Limit(_written("max_energy_per_token", (), {"joules": joules}), "gpu_energy_per_token_j",
+                  _number(joules, "joules"), True, "J")]
 
 
 def max_error_rate(rate: float) -> list[Limit]:
@@ -139,7 +158,8 @@ def max_error_rate(rate: float) -> list[Limit]:
 MARKERS: dict[str, Callable[..., list[Limit]]] = {
     f.__name__: f
     for f in (max_p50_ms, max_p90_ms, max_p95_ms, max_p99_ms, min_throughput, max_kv_fragmentation,
-              max_kv_usage, max_preemptions, min_prefix_cache_hit_rate, max_gpu_memory, max_error_rate)
+              max_kv_usage, max_preemptions, min_prefix_cache_hit_rate, max_gpu_memory, max_memory_per_request,
+              max_energy_per_token, max_error_rate)
 }
 
 

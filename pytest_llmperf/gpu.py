@@ -50,6 +50,20 @@ def classify(device_name: str | None) -> str:
     return re.sub(r"[^a-z0-9]+", "-", low.replace("nvidia", "")).strip("-") or "unknown-gpu"
 
 
+def device_count() -> int:
+    """NVML devices on this machine (0 without NVML or a driver)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no library, no driver, no device: all mean "no GPU here"
+        return 0
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def detect(index: int = 0) -> GpuInfo | None:
     """The device at `index` (after CUDA_VISIBLE_DEVICES mapping is applied by the caller), or None."""
     try:
@@ -113,7 +127,8 @@ class NvmlSampler:
             power = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
         with contextlib.suppress(nv.NVMLError):
             energy = int(nv.nvmlDeviceGetTotalEnergyConsumption(h))
-        return GpuSample(time.perf_counter(), int(nv.nvmlDeviceGetMemoryInfo(h).used), util, power, energy)
+        mem = nv.nvmlDeviceGetMemoryInfo(h)
+        return GpuSample(time.perf_counter(), int(mem.used), util, power, energy, int(mem.total))
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -134,3 +149,53 @@ class NvmlSampler:
     @property
     def samples(self) -> tuple[GpuSample, ...]:
         return tuple(self._samples)
+
+
+class GpuError(RuntimeError):
+    """The GPU is not in the state a measurement needs; the message says what to do."""
+
+
+def assign_device(worker: str | None, visible: str | None, count: int) -> tuple[str | None, int]:
+    """The GPU a pytest-xdist worker takes: (value for CUDA_VISIBLE_DEVICES, NVML index).
+
+    Outside xdist nothing changes (None). Worker gwN takes the N-th visible GPU (of
+    CUDA_VISIBLE_DEVICES when the runner set it, else of all NVML devices); more workers than GPUs is
+    an error, never two engines sharing a card.
+    """
+    devices = [d.strip() for d in visible.split(",") if d.strip()] if visible else [str(i) for i in range(count)]
+    if not worker:
+        first = devices[0] if devices else "0"
+        return None, int(first) if first.isdigit() else 0
+    n = int(worker.removeprefix("gw"))
+    if n >= len(devices):
+        raise GpuError(f"pytest-xdist worker {worker} has no GPU of its own: {len(devices)} visible "
+                       f"({', '.join(devices) or 'none'}); run with -n {max(len(devices), 1)} or fewer")
+    return devices[n], int(devices[n]) if devices[n].isdigit() else n
+
+
+def memory_used(index: int) -> int:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def wait_for_release(index: int, limit_bytes: int, timeout_s: float = 60.0) -> float:
+    """Block until the device's used memory is back under `limit_bytes` (the memory seen before the
+    engine started, plus slack); returns the seconds waited. Two engines on one card give false
+    numbers, so a card that stays full is an error."""
+    start = time.monotonic()
+    while True:
+        used = memory_used(index)
+        if used <= limit_bytes:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout_s:
+            raise GpuError(
+                f"GPU {index} still uses {used / 1024**3:.1f} GiB {timeout_s:.0f}s after the engine shut down "
+                f"(expected at most {limit_bytes / 1024**3:.1f} GiB): another process holds the card or the engine "
+                "leaked; check nvidia-smi before measuring"
+            )
+        time.sleep(0.2)

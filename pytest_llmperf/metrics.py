@@ -72,12 +72,23 @@ class KVStats:
 
 @dataclass(frozen=True)
 class GpuStats:
+    """NVML figures of the device during the pass; None without a GPU."""
+
     memory_peak_gib: float | None = None
-    memory_idle_gib: float | None = None
+    memory_idle_gib: float | None = None  # at the start of the pass
+    memory_total_gib: float | None = None
     framework_peak_gib: float | None = None
     energy_per_token_j: float | None = None
     utilization_mean_pct: float | None = None
     power_mean_w: float | None = None
+    # (peak - idle) / the most sequences in flight at once
+    memory_per_request_mib: float | None = None
+
+    @property
+    def memory_peak_fraction(self) -> float | None:
+        if self.memory_peak_gib is None or not self.memory_total_gib:
+            return None
+        return self.memory_peak_gib / self.memory_total_gib
 
 
 @dataclass(frozen=True)
@@ -162,7 +173,8 @@ def flat_metrics(r: PerfResult) -> dict[str, float | None]:
     for k in ("fragmentation_max", "fragmentation_mean", "usage_peak", "usage_mean", "blocks_peak",
               "preemptions", "prefix_hit_rate"):
         out[f"kv_{k}"] = getattr(r.kv, k)
-    for k in ("memory_peak_gib", "framework_peak_gib", "energy_per_token_j"):
+    for k in ("memory_peak_gib", "memory_peak_fraction", "framework_peak_gib", "energy_per_token_j",
+              "memory_per_request_mib"):
         out[f"gpu_{k}"] = getattr(r.gpu, k)
     return out
 
@@ -230,6 +242,17 @@ def _timeline_row(k: KVSample, start: float) -> tuple[float, float, float, int, 
     return (round(k.t - start, 6), k.usage, k.fragmentation, k.blocks_used, k.preemptions)
 
 
+def peak_concurrency(sequences: Sequence[SequenceTrace]) -> int:
+    """The most sequences in flight (submitted, last token not yet received) at any moment."""
+    events = sorted([(s.submit_t, 1) for s in sequences if s.ok] + [(s.chunks[-1].t, -1) for s in sequences if s.ok],
+                    key=lambda e: (e[0], e[1]))
+    level = peak = 0
+    for _, step in events:
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
 def gpu_stats(trace: RunTrace, output_tokens: int) -> GpuStats:
     g = trace.gpu
     framework = trace.framework_peak_bytes / _GIB if trace.framework_peak_bytes is not None else None
@@ -240,9 +263,13 @@ def gpu_stats(trace: RunTrace, output_tokens: int) -> GpuStats:
         energy = (g[-1].energy_mj - g[0].energy_mj) / 1e3 / output_tokens
     util = [s.utilization_pct for s in g if s.utilization_pct is not None]
     power = [s.power_w for s in g if s.power_w is not None]
+    peak, idle = max(s.memory_used_bytes for s in g), g[0].memory_used_bytes
+    concurrency = peak_concurrency(trace.sequences)
     return GpuStats(
-        memory_peak_gib=max(s.memory_used_bytes for s in g) / _GIB,
-        memory_idle_gib=g[0].memory_used_bytes / _GIB,
+        memory_peak_gib=peak / _GIB,
+        memory_idle_gib=idle / _GIB,
+        memory_total_gib=g[0].memory_total_bytes / _GIB if g[0].memory_total_bytes else None,
+        memory_per_request_mib=(peak - idle) / 1024**2 / concurrency if concurrency else None,
         framework_peak_gib=framework,
         energy_per_token_j=energy,
         utilization_mean_pct=float(np.mean(util)) if util else None,
@@ -350,6 +377,8 @@ def _worst_gpu(gpus: Sequence[GpuStats]) -> GpuStats:
     return GpuStats(
         memory_peak_gib=_max_or_none([g.memory_peak_gib for g in gpus]),
         memory_idle_gib=_mean_or_none([g.memory_idle_gib for g in gpus]),
+        memory_total_gib=gpus[0].memory_total_gib,
+        memory_per_request_mib=_max_or_none([g.memory_per_request_mib for g in gpus]),
         framework_peak_gib=_max_or_none([g.framework_peak_gib for g in gpus]),
         energy_per_token_j=_mean_or_none([g.energy_per_token_j for g in gpus]),
         utilization_mean_pct=_mean_or_none([g.utilization_mean_pct for g in gpus]),

@@ -8,6 +8,7 @@ the test body records results through the `llmperf` fixture, and the limits are 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 from . import assertions, gating, pytest_benchmark_bridge
 from .assertions import Limit, MarkerError
 from .engines.base import Engine, EnginePool, default_engine
-from .gpu import KNOWN_CLASSES, GpuInfo, detect
+from .gpu import KNOWN_CLASSES, GpuError, GpuInfo, assign_device, detect, device_count, memory_used, wait_for_release
 from .models import DEFAULT_MODEL, ModelSpec, resolve_model
 from .report import HEADLINE, TestRecord, result_record
 from .report import write as write_report
@@ -126,7 +127,7 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{gating.TOLERANCE_MARKER}(**metric_fractions): llmperf: relative tolerance per metric against the stored "
         "baseline, e.g. p99_ttft_ms=0.15 (also ttft_p99=0.15); paging metrics given here stop comparing exactly.",
     )
-    gpu = detect()
+    gpu = _claim_gpu()
     hardware = _option(config, "hardware") or (gpu.hardware_class if gpu else "cpu")
     model_spec = _option(config, "model") or DEFAULT_MODEL
     mode = _option(config, "baseline") or "compare"
@@ -142,7 +143,41 @@ def pytest_configure(config: pytest.Config) -> None:
         gate=gating.GateConfig(mode, root if root.is_absolute() else config.rootpath / root,
                                float(_option(config, "tolerance")), hardware, model_spec),
         report_dir=Path(_option(config, "report")) if _option(config, "report") else None,
+        pool=EnginePool(after_close=_release_waiter(gpu)),
     )
+
+
+# Memory the test process itself may keep on the card after an engine is gone (its CUDA context and
+# caching allocator, when transformers ran in-process).
+OWN_CONTEXT_SLACK = 2 * 1024**3
+
+
+def _claim_gpu() -> GpuInfo | None:
+    """This worker's GPU. Under pytest-xdist each worker takes its own card, set in
+    CUDA_VISIBLE_DEVICES before any engine starts."""
+    count = device_count()
+    if not count:
+        return None
+    try:
+        visible, index = assign_device(os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("CUDA_VISIBLE_DEVICES"), count)
+    except GpuError as e:
+        raise pytest.UsageError(str(e)) from None
+    if visible is not None:
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers cards as NVML does
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    return detect(index)
+
+
+def _release_waiter(gpu: GpuInfo | None) -> Callable[[], None] | None:
+    """After an engine shuts down, wait until the card shows its memory freed (or fail clearly)."""
+    if gpu is None:
+        return None
+    limit = memory_used(gpu.index) + OWN_CONTEXT_SLACK
+
+    def wait() -> None:
+        wait_for_release(gpu.index, limit)
+
+    return wait
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -81,6 +81,7 @@ class GpuSample:
     utilization_pct: float | None = None
     power_w: float | None = None
     energy_mj: int | None = None  # NVML total-energy counter, millijoules since driver load
+    memory_total_bytes: int | None = None
 
 
 @dataclass(frozen=True)

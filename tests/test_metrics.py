@@ -84,3 +84,21 @@ def test_goodput_counts_sequences_meeting_every_limit():
     assert r.goodput(ttft=1000) == pytest.approx(2.0)
     with pytest.raises(ValueError, match="goodput takes"):
         r.goodput(itl=3)
+
+
+def test_gpu_figures_from_nvml_samples():
+    from pytest_llmperf.trace import GpuSample
+
+    gib = 1024**3
+    # three sequences, at most two in flight at once; memory 10 GiB idle -> 12 GiB peak on an 80 GiB card;
+    # the energy counter advances 900 J (900,000 mJ) over the pass for 6 output tokens
+    seqs = (seq(0, 0.0, [0.1, 0.2]), seq(1, 0.05, [0.15, 0.25]), seq(2, 0.3, [0.4, 0.5]))
+    gpu = (GpuSample(0.0, 10 * gib, 50.0, 300.0, 1_000_000, 80 * gib), GpuSample(0.2, 12 * gib, 90.0, 500.0, 1_500_000, 80 * gib),
+           GpuSample(0.5, 11 * gib, 70.0, 400.0, 1_900_000, 80 * gib))
+    g = summarize([RunTrace("fake", seqs, 0.0, 0.5, gpu=gpu)], "h", 3).gpu
+    assert g.memory_peak_gib == pytest.approx(12) and g.memory_idle_gib == pytest.approx(10)
+    assert g.memory_peak_fraction == pytest.approx(12 / 80)
+    assert g.memory_per_request_mib == pytest.approx(2 * 1024 / 2)
+    assert g.energy_per_token_j == pytest.approx(900 / 6)
+    assert g.utilization_mean_pct == pytest.approx(70) and g.power_mean_w == pytest.approx(400)
+

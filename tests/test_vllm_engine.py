@@ -99,3 +99,16 @@ def test_parallel_samples_share_prompt_blocks_only_through_the_prefix_cache(vllm
     assert unshared.n_sequences == 8 and unshared.kv.prefix_hit_rate is None and unshared.kv.preemptions == 0
     shared = llmperf.run(vllm_engine_factory(**BASE), w)
     assert shared.kv.blocks_peak < 0.5 * unshared.kv.blocks_peak
+
+
+@pytest.mark.llmperf_engine(scheduler_cls="broken_recorder.BrokenRecorder", **BASE)
+def test_a_missing_vllm_access_path_is_an_error_naming_the_version_not_zeros(vllm_engine, llmperf):
+    import vllm
+
+    from pytest_llmperf.engines.base import EngineError
+
+    with pytest.raises(EngineError) as info:
+        llmperf.run(vllm_engine, Workload.offline(4, 32, 8), warmup=False)
+    message = str(info.value)
+    assert f"vLLM {vllm.__version__}" in message and "renamed_block_pool" in message
+    assert "not reported as zeros" in message

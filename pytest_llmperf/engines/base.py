@@ -6,6 +6,7 @@ import atexit
 import importlib
 import importlib.util
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 from ..models import ModelSpec
@@ -87,9 +88,10 @@ class EnginePool:
     different configuration shuts the live engine down (and frees its memory) before the next starts.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, after_close: Callable[[], None] | None = None) -> None:
         self._key: str | None = None
         self._engine: Engine | None = None
+        self._after_close = after_close  # e.g. wait until the GPU shows the engine's memory freed
         self.starts = 0
         atexit.register(self.close)  # also on Ctrl-C and crashes that skip pytest's own teardown
 
@@ -113,3 +115,5 @@ class EnginePool:
         engine, self._engine, self._key = self._engine, None, None
         if engine is not None:
             engine.shutdown()
+            if self._after_close is not None:
+                self._after_close()

@@ -76,6 +76,7 @@ class VLLMEngine(Engine):
         open(self._trace_path, "w").close()
         self._trace_offset = 0
         self._counters = (0, 0, 0)  # preemptions, prefix queries, prefix hits seen at the end of the last run
+        self._recorder_error: str | None = None
         self._runs = 0
         self._user_config = dict(config)
         self._loop = asyncio.new_event_loop()
@@ -255,13 +256,21 @@ class VLLMEngine(Engine):
         return [SequenceTrace(i, k, len(ids), req.output_len, submit, tuple(c), error) for k, c in enumerate(chunks)]
 
     def _read_kv_samples(self) -> tuple[KVSample, ...]:
-        from .vllm_sampler import FIELDS
+        from .vllm_sampler import ERROR_PREFIX, FIELDS
 
         with open(self._trace_path) as f:
             f.seek(self._trace_offset)
             text = f.read()
             self._trace_offset = f.tell()
         lines = [ln for ln in text.splitlines() if ln]
+        broken = [ln[len(ERROR_PREFIX):] for ln in lines if ln.startswith(ERROR_PREFIX)]
+        if broken or self._recorder_error:
+            self._recorder_error = self._recorder_error or broken[0]
+            raise EngineError(
+                f"the paging recorder cannot read this vLLM's KV cache ({self._recorder_error}); it was checked on "
+                "vLLM 0.10-0.33 (pytest_llmperf/engines/vllm_sampler.py names each access path). Paging metrics "
+                "are not reported as zeros: pin a checked vLLM version or update the recorder"
+            )
         if not lines:
             raise EngineError(
                 f"vLLM {self.version}: the paging recorder wrote no samples; the engine core did not load "

@@ -32,6 +32,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
 TRACE_ENV = "LLMPERF_KV_TRACE"
+ERROR_PREFIX = "ERROR,"
 GATE = re.compile(r"llmperf-g(\d+)-(\d+)-")
 # column order of a trace line; the adapter parses with the same tuple
 FIELDS = ("t", "blocks_used", "blocks_total", "block_size", "tokens_stored", "running", "waiting",
@@ -48,6 +49,9 @@ class PagingRecorder(Scheduler):
         self._queries = self._hits = 0
         self._stats_obj: Any = None
         self._stats_seen = (0, 0)
+        self._broken = False
+        if self._out is not None:
+            self._guarded(self._sample)  # a missing access path is reported before the first request
 
     # -- the offline gate -------------------------------------------------------------------
     def add_request(self, request: Any) -> None:
@@ -72,10 +76,24 @@ class PagingRecorder(Scheduler):
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         before = list(self.running)
         out = super().schedule(*args, **kwargs)
-        if self._out is not None:
+        if self._out is not None and not self._broken:
             self._preemptions += sum(1 for r in before if r.status == RequestStatus.PREEMPTED)
-            self._out.write(",".join(str(v) for v in self._sample()) + "\n")
+            row = self._guarded(self._sample)
+            if row is not None:
+                self._out.write(",".join(str(v) for v in row) + "\n")
         return out
+
+    def _guarded(self, read: Any) -> tuple[Any, ...] | None:
+        """Run one read of vLLM internals; a failure is written to the trace (the test process turns
+        it into an error naming the vLLM version) and sampling stops, the engine keeps serving."""
+        try:
+            return read()
+        except (AttributeError, KeyError, IndexError, TypeError) as e:
+            self._broken = True
+            import vllm
+
+            self._out.write(f"{ERROR_PREFIX}vLLM {vllm.__version__}: {type(e).__name__}: {e}\n")
+            return None
 
     def _sample(self) -> tuple[Any, ...]:
         kvm = self.kv_cache_manager

@@ -1,0 +1,34 @@
+"""The GPU layer's pure parts: hardware classes and one GPU per pytest-xdist worker (the NVML paths
+ran on the H200: docs/gpu-validation.md)."""
+
+import pytest
+
+
+@pytest.mark.parametrize("worker, visible, count, expected", [
+    (None, None, 2, (None, 0)),          # not under xdist: leave the environment alone
+    (None, "3", 8, (None, 3)),           # the runner pinned a card
+    ("gw0", None, 2, ("0", 0)),
+    ("gw1", None, 2, ("1", 1)),
+    ("gw1", "4,6", 8, ("6", 6)),         # workers split what the runner made visible
+])
+def test_each_xdist_worker_takes_its_own_gpu(worker, visible, count, expected):
+    from pytest_llmperf.gpu import assign_device
+
+    assert assign_device(worker, visible, count) == expected
+
+
+def test_more_workers_than_gpus_is_an_error():
+    from pytest_llmperf.gpu import GpuError, assign_device
+
+    with pytest.raises(GpuError, match="worker gw2 has no GPU of its own: 2 visible .* -n 2 or fewer"):
+        assign_device("gw2", None, 2)
+
+
+def test_hardware_classes_from_device_names():
+    from pytest_llmperf.gpu import classify
+
+    names = {"NVIDIA A100-SXM4-80GB": "a100", "NVIDIA A10G": "a10g", "NVIDIA L4": "l4", "NVIDIA L40S": "l40s",
+             "NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200", "NVIDIA B200": "b200",
+             "AMD Instinct MI300X": "mi300x", "NVIDIA GH200 480GB": "gh200", None: "cpu",
+             "NVIDIA RTX 6000 Ada Generation": "rtx-6000-ada-generation"}
+    assert {n: classify(n) for n in names} == names
