@@ -145,6 +145,7 @@ def pytest_configure(config: pytest.Config) -> None:
         report_dir=Path(_option(config, "report")) if _option(config, "report") else None,
         pool=EnginePool(after_close=_release_waiter(gpu)),
     )
+    config.pluginmanager.register(RecordCollector(config.stash[SESSION]), "llmperf-records")
 
 
 # Memory the test process itself may keep on the card after an engine is gone (its CUDA context and
@@ -331,7 +332,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.longrepr, report.llmperf_failed = judged
     if perf is not None and perf.results:
         state = item.config.stash[SESSION]
-        state.records.append(_test_record(item.nodeid, perf, report, verdict, state))
+        # travels with the report, so that under pytest-xdist the controller sees every worker's results
+        report.llmperf_record = asdict(_test_record(item.nodeid, perf, report, verdict, state))
         pytest_benchmark_bridge.add(item, perf)
     return report
 
@@ -381,6 +383,19 @@ def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, Any] 
     return None
 
 
+class RecordCollector:
+    """Collects test records from reports where they are logged: in the test process, or under
+    pytest-xdist in the controller, which receives every worker's reports."""
+
+    def __init__(self, state: Session) -> None:
+        self.state = state
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        record = getattr(report, "llmperf_record", None)
+        if record is not None and report.when == "call":
+            self.state.records.append(TestRecord(**record))
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state = config.stash.get(SESSION, None)
     if state is None or not state.records:
@@ -397,7 +412,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     for row in rows:
         tr.write_line("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     tr.write_line(f"engines started: {state.pool.starts}; hardware class: {state.hardware}; model: {state.model_spec}")
-    if state.report_dir is not None:
+    if state.report_dir is not None and not hasattr(config, "workerinput"):  # xdist: the controller writes
         paths = write_report(state.report_dir, state.records, state.describe())
         tr.write_line("llmperf report: " + ", ".join(str(p) for p in paths))
 

@@ -128,3 +128,29 @@ def test_the_gate_end_to_end(pytester):
     foreign = pytester.runpytest_inprocess(*args, "--llmperf-hardware=a100")
     foreign.assert_outcomes(passed=1)
     assert "no-baseline" in foreign.stdout.str()
+
+
+def _hammer(path, value, rounds):
+    for i in range(rounds):
+        baseline.write(path, stored(entry([{"p99_ttft_ms": float(value), "kv_blocks_peak": i}])))
+
+
+def test_concurrent_writers_never_leave_a_partial_file(tmp_path):
+    """Two xdist workers updating one baseline at once: each write is whole, the last one wins."""
+    import multiprocessing
+
+    path = tmp_path / "cpu" / "m" / "t.json"
+    ctx = multiprocessing.get_context("fork")
+    writers = [ctx.Process(target=_hammer, args=(path, v, 200)) for v in (1, 2)]
+    for w in writers:
+        w.start()
+    seen = set()
+    while any(w.is_alive() for w in writers):
+        if path.exists():
+            doc = baseline.load(path)  # raises on a torn or partial file
+            seen.add(doc["entries"][0]["metrics"]["p99_ttft_ms"])
+    for w in writers:
+        w.join()
+        assert w.exitcode == 0
+    assert baseline.load(path)["entries"][0]["metrics"]["kv_blocks_peak"] == 199
+    assert seen <= {1.0, 2.0} and [p.name for p in path.parent.iterdir()] == ["t.json"]

@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 TEST = """
 import pytest
 from pytest_llmperf import Workload
@@ -63,3 +65,20 @@ def test_compare_cli_applies_the_baseline_rules(pytester):
     bad = subprocess.run([sys.executable, "-m", "pytest_llmperf", "compare", str(old), str(pytester.path / "nope.json")],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "not a readable results file" in bad.stderr
+
+
+def test_under_xdist_the_controller_reports_every_worker(pytester):
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_x="""
+import pytest
+from pytest_llmperf import Workload
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_chat(hf_engine, llmperf, seed):
+    llmperf.run(hf_engine, Workload.offline(3, prompt_len=(16, 32), output_len=(4, 8), seed=seed), warmup=False)
+""")
+    result = pytester.runpytest_subprocess("-n", "2", "--llmperf-engine=hf", "--llmperf-report=rep", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4)
+    doc = json.loads((pytester.path / "rep" / "results.json").read_text())
+    assert sorted(t["test"] for t in doc["tests"]) == [f"test_x.py::test_chat[{s}]" for s in (1, 2, 3, 4)]
+    assert result.stdout.str().count("test_x.py::test_chat[") >= 4  # the terminal table lists them all
