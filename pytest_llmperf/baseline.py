@@ -15,7 +15,7 @@ import os
 import re
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,15 +46,17 @@ class Entry:
     deterministic: bool  # offline workload with a fixed budget: paging compares exactly
     metrics: Mapping[str, float | None]
     per_repeat: Sequence[Mapping[str, float | None]]
+    noise: Mapping[str, float] = field(default_factory=dict)  # bootstrap half-widths of latency percentiles
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "workload_hash": self.workload_hash, "deterministic": self.deterministic,
-                "metrics": _rounded(self.metrics), "per_repeat": [_rounded(p) for p in self.per_repeat]}
+                "metrics": _rounded(self.metrics), "per_repeat": [_rounded(p) for p in self.per_repeat],
+                "noise": _rounded(self.noise)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Entry:
         return cls(d["label"], d["workload_hash"], bool(d["deterministic"]), dict(d["metrics"]),
-                   [dict(p) for p in d.get("per_repeat", [])])
+                   [dict(p) for p in d.get("per_repeat", [])], dict(d.get("noise", {})))
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,9 @@ def _compare_entry(old: Entry, cur: Entry, tolerances: Mapping[str, float], defa
         exact = metric in PAGING and old.deterministic and cur.deterministic and metric not in tolerances
         tol = 0.0 if exact else tolerances.get(metric, default)
         if not exact:
-            tol = max(tol, _spread(cur.per_repeat, metric))  # never tighter than the noise seen now
+            # never tighter than the noise: the spread of this run's repeats, or the statistical
+            # uncertainty of a percentile estimated from few requests (both runs' intervals)
+            tol = max(tol, _spread(cur.per_repeat, metric), cur.noise.get(metric, 0.0) + old.noise.get(metric, 0.0))
         worse = (c < b) if higher_better else (c > b)
         change = abs(c - b) / abs(b) if b else (math.inf if c != b else 0.0)
         if c == b or change <= tol:
@@ -206,7 +210,9 @@ def _significant(old: Sequence[Mapping[str, float | None]], new: Sequence[Mappin
     from scipy.stats import mannwhitneyu
 
     alternative = "less" if higher_better else "greater"
-    return mannwhitneyu(b, a, alternative=alternative).pvalue < SIGNIFICANCE
+    # <=: with 3 repeats a side the exact one-sided p is at least 0.05, reached only when every
+    # current repeat is worse than every baseline repeat
+    return mannwhitneyu(b, a, alternative=alternative).pvalue <= SIGNIFICANCE
 
 
 def format_table(verdict: Verdict) -> str:

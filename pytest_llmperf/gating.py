@@ -32,7 +32,7 @@ class GateConfig:
 def entries(perf: LLMPerf) -> list[Entry]:
     return [
         Entry(label=r.label or str(i), workload_hash=r.workload_hash, deterministic=w.is_offline,
-              metrics=r.flat(), per_repeat=list(r.per_repeat))
+              metrics=r.flat(), per_repeat=list(r.per_repeat), noise=dict(r.noise))
         for i, (r, w) in enumerate(zip(perf.results, perf.workloads))
     ]
 

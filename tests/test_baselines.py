@@ -154,3 +154,20 @@ def test_concurrent_writers_never_leave_a_partial_file(tmp_path):
         assert w.exitcode == 0
     assert baseline.load(path)["entries"][0]["metrics"]["kv_blocks_peak"] == 199
     assert seen <= {1.0, 2.0} and [p.name for p in path.parent.iterdir()] == ["t.json"]
+
+
+def test_percentiles_of_few_requests_get_their_statistical_uncertainty():
+    import numpy as np
+
+    from pytest_llmperf.metrics import percentile_noise
+
+    rng = np.random.default_rng(1)
+    few, many = rng.lognormal(3, 0.3, 24), rng.lognormal(3, 0.3, 5000)
+    assert percentile_noise(few, 50) > 2 * percentile_noise(many, 50)
+    assert percentile_noise(few, 50) == percentile_noise(few, 50)  # deterministic
+    old = Entry("0", "w1", True, {"p99_ttft_ms": 100.0}, [{"p99_ttft_ms": 100.0}], {"p99_ttft_ms": 0.1})
+    near = Entry("0", "w1", True, {"p99_ttft_ms": 115.0}, [{"p99_ttft_ms": 115.0}], {"p99_ttft_ms": 0.1})
+    far = Entry("0", "w1", True, {"p99_ttft_ms": 125.0}, [{"p99_ttft_ms": 125.0}], {"p99_ttft_ms": 0.1})
+    assert baseline.compare(stored(old), [near]).status == "pass"  # 15% < 10% + 10% of uncertainty
+    v = baseline.compare(stored(old), [far])
+    assert v.status == "regression" and v.rows[0].allowed == pytest.approx(0.2)
