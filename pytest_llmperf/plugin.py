@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from . import assertions, gating, pytest_benchmark_bridge
+from . import assertions, engine_limits, gating, properties, pytest_benchmark_bridge
 from .assertions import Limit, MarkerError
 from .engines.base import Engine, EnginePool, default_engine
 from .gpu import KNOWN_CLASSES, GpuError, GpuInfo, assign_device, detect, device_count, memory_used, wait_for_release
@@ -41,6 +41,7 @@ class Session:
     pool: EnginePool = field(default_factory=EnginePool)
     models: dict[str, ModelSpec] = field(default_factory=dict)
     report_dir: Path | None = None
+    retries: int = 2
     records: list[TestRecord] = field(default_factory=list)
 
     def describe(self) -> dict[str, Any]:
@@ -100,6 +101,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--llmperf-baseline-dir", default=None, help="baseline folder (default: <rootdir>/baselines)")
     group.addoption("--llmperf-tolerance", default=None, type=float,
                     help="relative tolerance of timing metrics against a baseline (default 0.10)")
+    group.addoption("--llmperf-retries", default=None, type=int,
+                    help="property tests: measure a failing example this many more times before it counts (default 2)")
+    parser.addini("llmperf_retries", "property tests: re-measurements of a failing example", default="2")
     group.addoption("--llmperf-report", default=None, metavar="DIR",
                     help="write results.json and summary.md there (and append the summary to $GITHUB_STEP_SUMMARY)")
     parser.addini("llmperf_report", "report folder", default="")
@@ -144,6 +148,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                float(_option(config, "tolerance")), hardware, model_spec),
         report_dir=Path(_option(config, "report")) if _option(config, "report") else None,
         pool=EnginePool(after_close=_release_waiter(gpu)),
+        retries=int(_option(config, "retries")),
     )
     config.pluginmanager.register(RecordCollector(config.stash[SESSION]), "llmperf-records")
 
@@ -181,9 +186,10 @@ def _release_waiter(gpu: GpuInfo | None) -> Callable[[], None] | None:
     return wait
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Tests that share an engine configuration run together, so each engine starts once.
     items.sort(key=_engine_group)
+    properties.apply_profile(items, config)
 
 
 def _engine_group(item: pytest.Item) -> str:
@@ -226,14 +232,19 @@ def llmperf(request: pytest.FixtureRequest, llmperf_session: Session) -> LLMPerf
     results to this test, where the limit markers judge them."""
     gpu_index = llmperf_session.gpu.index if llmperf_session.gpu else None
     perf = LLMPerf(test_id=request.node.nodeid, on_broken=llmperf_session.pool.discard, gpu_index=gpu_index)
+    if properties.is_property_test(request.node):
+        perf.check = properties.checker(request.node.stash.get(LIMITS, []), llmperf_session.retries)
     request.node.stash[PERF] = perf
     return perf
 
 
-def _engine_fixture(name: str | None) -> Callable[..., Engine]:
-    def fixture(request: pytest.FixtureRequest, llmperf_session: Session) -> Engine:
+def _engine_fixture(name: str | None) -> Callable[..., Iterator[Engine]]:
+    def fixture(request: pytest.FixtureRequest, llmperf_session: Session) -> Iterator[Engine]:
         engine_name = name or llmperf_session.engine_name
-        return llmperf_session.engine(engine_name, _engine_options(request.node))
+        engine = llmperf_session.engine(engine_name, _engine_options(request.node))
+        # Hypothesis strategies drawn in this test size requests to this engine
+        with engine_limits.published(engine.max_model_len, engine.config.get("block_size")):
+            yield engine
 
     return fixture
 
@@ -258,6 +269,7 @@ vllm_engine_factory = pytest.fixture(_factory_fixture("vllm"), name="vllm_engine
 
 
 # -- judging ---------------------------------------------------------------------------------------
+@pytest.hookimpl(tryfirst=True)  # before fixtures: no engine starts for a test with a bad marker
 def pytest_runtest_setup(item: pytest.Item) -> None:
     _skip_other_hardware(item)
     try:
@@ -323,7 +335,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if perf is not None:
         _record(item, perf)
     verdict = None
-    if report.passed:
+    if report.passed and not properties.is_property_test(item):  # property tests judge every example inline
         judged = _judge(item)
         if judged is None and perf is not None and perf.results:
             judged, verdict = _gate(item, perf)

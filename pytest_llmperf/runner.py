@@ -29,6 +29,9 @@ class LLMPerf:
     on_broken: Callable[[Engine], None] | None = None
     gpu_index: int | None = None  # sample this device with NVML during every measured pass
     gpu_interval_s: float = 0.01
+    # judges each result as it is made (Hypothesis tests: a violation must fail the example inside
+    # the test body for shrinking to work); gets a function that measures the workload again
+    check: Callable[[PerfResult, Workload, Callable[[], PerfResult]], None] | None = None
     results: list[PerfResult] = field(default_factory=list)
     engines: list[Engine] = field(default_factory=list)
     workloads: list[Workload] = field(default_factory=list)
@@ -48,10 +51,21 @@ class LLMPerf:
                 self.on_broken(engine)
             raise
         result = summarize(traces, workload.hash, len(workload), label=label)
+        if self.check is not None:
+            # one example of a property test: only its own result stays bound to the test
+            self.results.clear()
+            self.engines.clear()
+            self.workloads.clear()
         self.results.append(result)
         self.engines.append(engine)
         self.workloads.append(workload)
+        if self.check is not None:
+            self.check(result, workload, lambda: self._again(engine, workload, repeats, label))
         return result
+
+    def _again(self, engine: Engine, workload: Workload, repeats: int, label: str) -> PerfResult:
+        traces = [self._measured(engine, workload, salt=100 + i) for i in range(repeats)]
+        return summarize(traces, workload.hash, len(workload), label=label)
 
 
     def _measured(self, engine: Engine, workload: Workload, salt: int) -> RunTrace:

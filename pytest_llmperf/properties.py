@@ -1,0 +1,113 @@
+"""Hypothesis property tests with performance limits (plugin layer, beside `plugin.py`).
+
+Markers are normally judged after the test body. Under `@given` that is too late: Hypothesis shrinks
+by re-running examples and needs each failing example to raise inside the body. So for a property test
+`llmperf.run` judges the test's limits on the spot and raises `PerfLimitExceeded`, whose message holds
+the violated limits with their measured values and the workload as a Python expression.
+
+Noise: a violated limit on a deterministic paging metric (an offline workload) fails at once and
+shrinks exactly. Any other violation is measured again `retries` times and fails only when every
+measurement violates a limit, so timing noise never turns into Hypothesis `Flaky` errors.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from . import assertions
+from .assertions import Limit
+from .metrics import PerfResult
+from .workload import Workload
+
+PROFILE = "llmperf"
+PLUGIN_FIXTURES = frozenset({"llmperf", "llm_engine", "hf_engine", "vllm_engine", "hf_engine_factory",
+                             "vllm_engine_factory"})
+
+
+class PerfLimitExceeded(AssertionError):
+    """A property-test example broke a performance limit (consistently, for noisy metrics)."""
+
+
+def is_property_test(item: pytest.Item) -> bool:
+    return bool(getattr(getattr(item, "obj", None), "is_hypothesis_test", False))
+
+
+def register_profile() -> None:
+    """Few examples (each one drives an engine), no deadline (inference is slow by nature), the health
+    checks perf tests trip on purpose suppressed, derandomised under CI (a gate must be reproducible;
+    Hypothesis then keeps no database), the example database otherwise (a failing workload is replayed
+    first next time)."""
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile(
+        PROFILE,
+        max_examples=10,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large,
+                               HealthCheck.filter_too_much],
+        derandomize=bool(os.environ.get("CI")),
+        print_blob=True,
+    )
+
+
+def apply_profile(items: Sequence[pytest.Item], config: pytest.Config) -> None:
+    """The `llmperf` profile for property tests that use the plugin's fixtures, unless the test has its
+    own `@settings` or the run chose a profile (`--hypothesis-profile`)."""
+    if config.getoption("hypothesis_profile", None):
+        return
+    chosen = [i for i in items if is_property_test(i) and PLUGIN_FIXTURES & set(getattr(i, "fixturenames", ()))]
+    if not chosen:
+        return
+    from hypothesis import settings
+
+    register_profile()
+    profile = settings.get_profile(PROFILE)
+    for item in chosen:
+        fn = getattr(item.obj, "__func__", item.obj)
+        if not getattr(fn, "_hypothesis_internal_settings_applied", False):
+            fn._hypothesis_internal_use_settings = profile
+
+
+def checker(limits: Sequence[Limit], retries: int) -> Callable[[PerfResult, Workload, Callable[[], PerfResult]], None]:
+    def check(result: PerfResult, workload: Workload, again: Callable[[], PerfResult]) -> None:
+        violations = _violations(limits, result)
+        if not violations:
+            return
+        measured = 1
+        if not _deterministic(violations, workload):
+            for _ in range(retries):
+                violations = _violations(limits, again())
+                measured += 1
+                if not violations:
+                    return  # not consistent: noise, not a counterexample
+        raise PerfLimitExceeded(_message(violations, workload, measured))
+
+    return check
+
+
+def _violations(limits: Sequence[Limit], result: PerfResult) -> list[assertions.Violation]:
+    implicit = [] if any(lim.metric == "error_rate" for lim in limits) else [
+        Limit("max_error_rate(0) [default]", "error_rate", 0.0, True)]
+    return assertions.check([*limits, *implicit], [result])
+
+
+def _deterministic(violations: Sequence[assertions.Violation], workload: Workload) -> bool:
+    return workload.is_offline and all(v.limit.metric.startswith("kv_") for v in violations)
+
+
+def _message(violations: Sequence[assertions.Violation], workload: Workload, measured: int) -> str:
+    lines = [assertions.format_violations(violations)]
+    if measured > 1:
+        lines.append(f"  violated in all {measured} measurements of this workload")
+    lines.append(f"  workload ({workload.describe()}):")
+    lines.extend(f"    #{i}: prompt {r.prompt_len}, output {r.output_len}"
+                 + (f", arrival {r.arrival_s:.3f}s" if r.arrival_s else "") + (f", n={r.n}" if r.n > 1 else "")
+                 + (f", prefix {r.prefix_len} (group {r.prefix_group})" if r.prefix_len else "")
+                 for i, r in enumerate(workload.requests[:20]))
+    if len(workload) > 20:
+        lines.append(f"    ... {len(workload) - 20} more")
+    lines.append(f"  reproduce as a plain test: llmperf.run(engine, {workload!r})")
+    return "\n".join(lines)

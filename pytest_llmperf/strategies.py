@@ -1,0 +1,14 @@
+"""Hypothesis strategies for LLM workloads: `lengths`, `requests`, `workloads`.
+
+    from hypothesis import given
+    from pytest_llmperf import strategies as lst
+
+    @given(workload=lst.workloads(max_requests=64, prompt_len=lst.lengths(1, 4096)))
+    @pytest.mark.max_kv_fragmentation(0.05)
+    def test_paging_stays_compact(vllm_engine, llmperf, workload):
+        llmperf.run(vllm_engine, workload)
+"""
+
+from ._strategies import ARRIVALS, edges, lengths, requests, workloads
+
+__all__ = ["ARRIVALS", "edges", "lengths", "requests", "workloads"]

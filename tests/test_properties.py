@@ -1,0 +1,90 @@
+"""Hypothesis property tests: strategies, the settings profile, inline judging with re-measurement,
+and shrinking to the exact minimal workload on a real engine."""
+
+import pytest
+from hypothesis import given, settings
+
+from pytest_llmperf import Workload
+from pytest_llmperf import strategies as lst
+from pytest_llmperf.assertions import parse
+from pytest_llmperf.engine_limits import published
+from pytest_llmperf.metrics import summarize
+from pytest_llmperf.properties import PerfLimitExceeded, checker
+from pytest_llmperf.trace import Chunk, RunTrace, SequenceTrace
+
+
+def test_edges_are_block_multiples_either_side_one_and_the_limit():
+    assert lst.edges(1, 100, (16,), 90) == [1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 89, 90, 100]
+
+
+@settings(max_examples=60, deadline=None)
+@given(w=lst.workloads(min_requests=1, max_requests=8, arrivals=("offline", "poisson", "closed_loop"),
+                       shared_prefix=True))
+def test_workloads_fit_the_engine_and_are_valid(w):
+    assert 1 <= len(w) <= 8 and w.max_total_len <= 4096
+    assert all(r.prefix_len == w.requests[0].prefix_len for r in w.requests)
+    assert Workload.from_dict(w.to_dict()) == w
+
+
+def test_strategies_ask_the_published_engine_limits():
+    @settings(max_examples=40, deadline=None)
+    @given(w=lst.workloads(max_requests=4))
+    def inner(w):
+        assert w.max_total_len <= 300
+
+    with published(max_model_len=300, block_size=32):
+        inner()
+
+
+def test_workloads_shrink_to_fewest_shortest_offline_requests():
+    from hypothesis import find
+
+    minimal = find(lst.workloads(max_requests=10, arrivals=("offline", "poisson")),
+                   lambda w: any(r.prompt_len > 100 for r in w.requests), settings=settings(database=None))
+    assert minimal.kind == "offline" and len(minimal) == 1
+    assert minimal.requests[0].prompt_len == 101 and minimal.requests[0].output_len == 1
+
+
+def _result(ttft_s):
+    seq = SequenceTrace(0, 0, 10, 2, 0.0, (Chunk(ttft_s, 1), Chunk(ttft_s + 0.01, 1)))
+    return summarize([RunTrace("fake", (seq,), 0.0, ttft_s + 0.01)], "h", 1)
+
+
+def test_a_noisy_violation_is_measured_again_before_it_counts():
+    """Pure mechanics with hand-built results: no engine involved."""
+    limits = parse("max_p99_ms", (), {"ttft": 100}, "cpu")
+    timed = Workload.poisson(qps=5, n=1, prompt_len=10, output_len=2, seed=1)
+    check = checker(limits, retries=2)
+    again = iter([_result(0.05)])
+    check(_result(0.5), timed, lambda: next(again))  # slow once, fine when measured again: passes
+    slow = iter([_result(0.4), _result(0.3)])
+    with pytest.raises(PerfLimitExceeded, match="violated in all 3 measurements") as info:
+        check(_result(0.5), timed, lambda: next(slow))
+    assert "reproduce as a plain test: llmperf.run(engine, Workload.from_dict(" in str(info.value)
+
+
+PLANTED = """
+import pytest
+from hypothesis import given, strategies as st
+from pytest_llmperf import strategies as lst
+
+# One request at a time, blocks of 32, 159 usable blocks: a request holds ceil(prompt / 32) blocks at
+# its prefill, so usage exceeds 2/159 exactly when some prompt is longer than 64 tokens.
+@pytest.mark.llmperf_engine(max_num_seqs=1, num_gpu_blocks_override=160)
+@pytest.mark.max_kv_usage(0.015)
+@given(workload=lst.workloads(max_requests=6, prompt_len=lst.lengths(1, 400), output_len=st.just(1)))
+def test_planted(vllm_engine, llmperf, workload):
+    llmperf.run(vllm_engine, workload, warmup=False)
+"""
+
+
+def test_a_planted_paging_bound_shrinks_to_the_exact_minimal_workload(pytester):
+    pytest.importorskip("vllm")
+    pytester.makepyfile(test_planted=PLANTED)
+    result = pytester.runpytest_subprocess("--llmperf-engine=vllm", "-p", "no:cacheprovider", timeout=600)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "kv_usage_peak = " in out and "(from @pytest.mark.max_kv_usage(0.015))" in out
+    assert "#0: prompt 65, output 1" in out and "#1:" not in out  # one request, one token over 64
+    assert "'requests': [{'prompt_len': 65, 'output_len': 1}]" in out
+    assert "Falsifying example" in out or "Failing test case" in out  # wording of newer Hypothesis
