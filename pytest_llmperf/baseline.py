@@ -114,9 +114,13 @@ def load(path: Path) -> dict[str, Any] | None:
 
 def write(path: Path, document: Mapping[str, Any]) -> None:
     """Atomic: write a temporary file beside the target, then rename it over the target."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(document, indent=1, sort_keys=True) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise BaselineError(f"cannot write baseline {path}: {e.strerror or e}; make the baselines folder "
+                            "writable or point --llmperf-baseline-dir elsewhere") from None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)

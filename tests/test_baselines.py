@@ -171,3 +171,12 @@ def test_percentiles_of_few_requests_get_their_statistical_uncertainty():
     assert baseline.compare(stored(old), [near]).status == "pass"  # 15% < 10% + 10% of uncertainty
     v = baseline.compare(stored(old), [far])
     assert v.status == "regression" and v.rows[0].allowed == pytest.approx(0.2)
+
+
+def test_an_unwritable_baselines_folder_is_a_clear_error(tmp_path):
+    # a file where the folder should be: unwritable even for root, which ignores permission bits
+    root = tmp_path / "baselines"
+    root.write_text("not a folder")
+    with pytest.raises(BaselineError, match="cannot write baseline .* make the baselines folder writable"):
+        baseline.write(baseline.path_for(root, "t", "cpu", "m"), stored(entry([{"p99_ttft_ms": 1.0}])))
+    assert root.read_text() == "not a folder"
