@@ -42,6 +42,8 @@ class Session:
     models: dict[str, ModelSpec] = field(default_factory=dict)
     report_dir: Path | None = None
     retries: int = 2
+    openai_defaults: dict[str, Any] = field(default_factory=dict)
+    server_options: dict[str, Any] = field(default_factory=dict)
     records: list[TestRecord] = field(default_factory=list)
 
     def describe(self) -> dict[str, Any]:
@@ -58,6 +60,8 @@ class Session:
         # CLI/ini engine options are written for the session's engine; another engine (hf beside vLLM
         # in a comparison test) would reject them
         defaults = self.engine_defaults if name == self.engine_name else {}
+        if name == "openai":
+            defaults = {**self.openai_defaults, **defaults}
         return self.pool.get(name, self.model(), {**defaults, **config})
 
 
@@ -88,8 +92,20 @@ def parse_engine_config(text: str) -> dict[str, Any]:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("llmperf", "LLM inference performance assertions")
-    group.addoption("--llmperf-engine", default=None, choices=("hf", "vllm"),
+    group.addoption("--llmperf-engine", default=None, choices=("hf", "vllm", "openai"),
                     help="engine behind llm_engine (default: vllm when installed, else hf)")
+    group.addoption("--llmperf-base-url", default=None,
+                    help="openai engine: the server, e.g. http://127.0.0.1:8000/v1")
+    group.addoption("--llmperf-served-model", default=None,
+                    help="openai engine: the model name at the server (default: the first it serves)")
+    group.addoption("--llmperf-api-key-env", default=None,
+                    help="openai engine: environment variable holding the API key (default OPENAI_API_KEY)")
+    group.addoption("--llmperf-server-config", default=None,
+                    help="vllm_server fixture: options for `vllm serve` as a JSON object")
+    parser.addini("llmperf_base_url", "openai engine: server URL", default="")
+    parser.addini("llmperf_served_model", "openai engine: model name at the server", default="")
+    parser.addini("llmperf_api_key_env", "openai engine: API key variable", default="")
+    parser.addini("llmperf_server_config", "vllm_server: vllm serve options (JSON object)", default="")
     group.addoption("--llmperf-model", default=None,
                     help=f"model folder, hub id or shape:NAME with random weights (default {DEFAULT_MODEL})")
     group.addoption("--llmperf-engine-config", default=None,
@@ -110,7 +126,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("llmperf_baseline", "baseline mode: compare, update or off", default="compare")
     parser.addini("llmperf_baseline_dir", "baseline folder", default="baselines")
     parser.addini("llmperf_tolerance", "relative tolerance of timing metrics", default="0.10")
-    parser.addini("llmperf_engine", "default engine (hf or vllm)", default="")
+    parser.addini("llmperf_engine", "default engine (hf, vllm or openai)", default="")
     parser.addini("llmperf_model", "default model", default=DEFAULT_MODEL)
     parser.addini("llmperf_engine_config", "default engine options (JSON object)", default="")
     parser.addini("llmperf_hardware", "hardware class override", default="")
@@ -149,6 +165,10 @@ def pytest_configure(config: pytest.Config) -> None:
         report_dir=Path(_option(config, "report")) if _option(config, "report") else None,
         pool=EnginePool(after_close=_release_waiter(gpu)),
         retries=int(_option(config, "retries")),
+        openai_defaults={k: v for k, v in (("base_url", _option(config, "base-url")),
+                                            ("model", _option(config, "served-model")),
+                                            ("api_key_env", _option(config, "api-key-env"))) if v},
+        server_options=parse_engine_config(_option(config, "server-config")),
     )
     config.pluginmanager.register(RecordCollector(config.stash[SESSION]), "llmperf-records")
 
@@ -266,6 +286,23 @@ def _factory_fixture(name: str) -> Callable[..., Callable[..., Engine]]:
 
 hf_engine_factory = pytest.fixture(_factory_fixture("hf"), name="hf_engine_factory")
 vllm_engine_factory = pytest.fixture(_factory_fixture("vllm"), name="vllm_engine_factory")
+openai_engine_factory = pytest.fixture(_factory_fixture("openai"), name="openai_engine_factory")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(llmperf_session: Session, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """`vllm serve` on a free loopback port for the session (`.base_url`, `.log_path`), the session's
+    model (a shape: dummy weights, no tokenizer); stopped at the end, also on failure and Ctrl-C."""
+    from .engines.vllm import _is_cpu_build
+    from .engines.vllm_server import VLLMServer
+
+    vllm = pytest.importorskip("vllm", reason="vllm_server needs vLLM installed")
+    server = VLLMServer(llmperf_session.model(), llmperf_session.server_options,
+                        tmp_path_factory.mktemp("vllm-serve"), cpu=_is_cpu_build(vllm))
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 # -- judging ---------------------------------------------------------------------------------------
@@ -334,6 +371,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     perf = item.stash.get(PERF, None)
     if perf is not None:
         _record(item, perf)
+    server = getattr(item, "funcargs", {}).get("vllm_server")
     verdict = None
     if report.passed and not properties.is_property_test(item):  # property tests judge every example inline
         judged = _judge(item)
@@ -342,6 +380,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if judged is not None:
             report.outcome = "failed"
             report.longrepr, report.llmperf_failed = judged
+    if server is not None and report.failed:
+        report.sections.append(("vllm serve log (last lines)", server.log_tail()))
     if perf is not None and perf.results:
         state = item.config.stash[SESSION]
         # travels with the report, so that under pytest-xdist the controller sees every worker's results

