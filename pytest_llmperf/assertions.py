@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .metrics import PerfResult, SequenceMetrics
+from .sweep import Sweep, throughput_per_gib
 
 
 class MarkerError(Exception):
@@ -28,6 +29,11 @@ class Limit:
     upper: bool  # True: the measured value must be <= bound
     unit: str = ""
     sequence_metric: str | None = None  # per-request metric to list the worst requests by
+    under: tuple[tuple[str, float], ...] = ()  # capacity limits: the latency limits capacity is judged by
+
+    @property
+    def on_sweeps(self) -> bool:
+        return self.metric.startswith("capacity_")
 
     def holds(self, value: float) -> bool:
         return value <= self.bound if self.upper else value >= self.bound
@@ -39,6 +45,7 @@ class Violation:
     measured: float
     result: PerfResult = field(repr=False)
     worst: tuple[SequenceMetrics, ...] = ()
+    context: str = ""  # replaces the "measured on" line (curves)
 
 
 # -- argument checks -------------------------------------------------------------------------------
@@ -150,6 +157,27 @@ def max_energy_per_token(*, joules: float) -> list[Limit]:
                   _number(joules, "joules"), True, "J")]
 
 
+def min_capacity(*, concurrency: float | None = None, rate: float | None = None,
+                 under: Mapping[str, float] | None = None) -> list[Limit]:
+    """fail when the largest concurrency (or request rate) of a recorded sweep whose latency limits
+    still hold is below the bound; under={"p99_ttft_ms": 500} (default: the sweep's own under=)."""
+    given = _need_one({"concurrency": concurrency, "rate": rate}, ["concurrency", "rate"])
+    limits_under: tuple[tuple[str, float], ...] = ()
+    if under is not None:
+        if not isinstance(under, Mapping) or not under:
+            raise MarkerError(f"under={under!r} must be a mapping of latency metrics to limits, e.g. {{'p99_ttft_ms': 500}}")
+        limits_under = tuple((str(k), _number(v, f"under[{k!r}]")) for k, v in under.items())
+    return [Limit(_written("min_capacity", (), {k: v, **({"under": dict(under)} if under else {})}), f"capacity_{k}",
+                  _number(v, k), False, "req/s" if k == "rate" else "", under=limits_under) for k, v in given.items()]
+
+
+def min_throughput_per_gib(*, tokens_per_s: float) -> list[Limit]:
+    """fail when output tokens/s per GiB of GPU memory (NVML peak) is below the floor; for a sweep,
+    its best point counts."""
+    return [Limit(_written("min_throughput_per_gib", (), {"tokens_per_s": tokens_per_s}),
+                  "output_tokens_per_s_per_gib", _number(tokens_per_s, "tokens_per_s"), False, "tok/s/GiB")]
+
+
 def max_error_rate(rate: float) -> list[Limit]:
     """fail when more than this share of requests failed (default without the marker: 0)."""
     return [Limit(_written("max_error_rate", (rate,), {}), "error_rate", _number(rate, "rate", fraction=True), True)]
@@ -159,7 +187,7 @@ MARKERS: dict[str, Callable[..., list[Limit]]] = {
     f.__name__: f
     for f in (max_p50_ms, max_p90_ms, max_p95_ms, max_p99_ms, min_throughput, max_kv_fragmentation,
               max_kv_usage, max_preemptions, min_prefix_cache_hit_rate, max_gpu_memory, max_memory_per_request,
-              max_energy_per_token, max_error_rate)
+              max_energy_per_token, max_error_rate, min_capacity, min_throughput_per_gib)
 }
 
 
@@ -176,7 +204,8 @@ def parse(name: str, args: Sequence[Any], kwargs: Mapping[str, Any], hardware: s
     fn = MARKERS[name]
     try:
         args = [_for_hardware(a, hardware) for a in args]
-        kwargs = {k: _for_hardware(v, hardware) for k, v in kwargs.items()}
+        kwargs = {k: _for_hardware(v, hardware) if k != "under" else _under_for_hardware(v, hardware)
+                  for k, v in kwargs.items()}
         inspect.signature(fn).bind(*args, **kwargs)
     except TypeError as e:
         raise MarkerError(f"@pytest.mark.{_written(name, args, kwargs)}: {e}; usage: {marker_help(name)}") from None
@@ -199,6 +228,13 @@ def _for_hardware(value: Any, hardware: str | None) -> Any:
     raise MarkerError(f"the limit {dict(value)!r} has no value for hardware class {hardware!r} and no 'default' key")
 
 
+def _under_for_hardware(under: Any, hardware: str | None) -> Any:
+    """`under` is itself a mapping (metric -> limit); each of its limits may be per hardware."""
+    if not isinstance(under, Mapping):
+        return under
+    return {k: _for_hardware(v, hardware) for k, v in under.items()}
+
+
 def check(limits: Iterable[Limit], results: Sequence[PerfResult]) -> list[Violation]:
     """Every violated limit of every result; MarkerError when a limit's metric was not measured."""
     violations = []
@@ -218,18 +254,53 @@ def check(limits: Iterable[Limit], results: Sequence[PerfResult]) -> list[Violat
     return violations
 
 
+def check_sweeps(limits: Iterable[Limit], sweeps: Sequence[Sweep]) -> list[Violation]:
+    """Curve limits against the recorded sweeps; MarkerError when no sweep of the right kind exists."""
+    violations = []
+    for limit in limits:
+        if limit.metric == "output_tokens_per_s_per_gib":
+            for sweep in sweeps:
+                best = max((v for p in sweep.points if (v := throughput_per_gib(p.result)) is not None), default=None)
+                if best is None:
+                    raise MarkerError(f"@pytest.mark.{limit.marker} cannot be checked: no GPU memory was measured")
+                if not limit.holds(best):
+                    violations.append(Violation(limit, best, sweep.points[-1].result,
+                                                context=f"best point of sweep {sweep.label!r}"))
+            continue
+        kind = limit.metric.removeprefix("capacity_")
+        matching = [s for s in sweeps if s.kind == kind]
+        if not matching:
+            raise MarkerError(f"@pytest.mark.{limit.marker} needs a {kind} sweep: call llmperf.sweep(engine, factory, "
+                              f"{'concurrency' if kind == 'concurrency' else 'rates'}=[...]) or llmperf.find_capacity(...)")
+        for sweep in matching:
+            under = dict(limit.under) or dict(sweep.under)
+            if not under:
+                raise MarkerError(f"@pytest.mark.{limit.marker}: give under={{'p99_ttft_ms': ...}} here or in the sweep")
+            cap = sweep.capacity(under)
+            if cap is None or not limit.holds(cap):
+                shown = ", ".join(f"{k} <= {_fmt(v)}" for k, v in under.items())
+                context = (f"sweep {sweep.label!r} over {kind} {', '.join(_fmt(v) for v in sweep.values)}; "
+                           f"capacity = the largest {kind} with {shown} and no failed request")
+                violations.append(Violation(limit, cap if cap is not None else 0.0, sweep.points[-1].result,
+                                            context=context))
+    return violations
+
+
 def format_violations(violations: Sequence[Violation]) -> str:
     lines = [f"llmperf: {len(violations)} performance limit{'s' if len(violations) != 1 else ''} violated"]
     for v in violations:
         lim, r = v.limit, v.result
         op = ">" if lim.upper else "<"
         unit = f" {lim.unit}" if lim.unit else ""
-        label = f" [{r.label}]" if r.label else ""
+        label = f" [{r.label}]" if r.label and not v.context else ""
         lines.append(f"  {lim.metric} = {_fmt(v.measured)}{unit} {op} limit {_fmt(lim.bound)}{unit}"
                      f"  (from @pytest.mark.{lim.marker}){label}")
-        lines.append(f"    measured on {r.n_requests} requests ({r.n_sequences // max(r.repeats, 1)} sequences) "
-                     f"x {r.repeats} repeat{'s' if r.repeats != 1 else ''}, engine {r.engine}, "
-                     f"workload {r.workload_hash}")
+        if v.context:
+            lines.append(f"    {v.context}")
+        else:
+            lines.append(f"    measured on {r.n_requests} requests ({r.n_sequences // max(r.repeats, 1)} sequences) "
+                         f"x {r.repeats} repeat{'s' if r.repeats != 1 else ''}, engine {r.engine}, "
+                         f"workload {r.workload_hash}")
         if v.worst:
             rows = "; ".join(
                 f"#{s.index}{'.' + str(s.sample) if s.sample else ''} (prompt {s.prompt_len}, output {s.output_len})"

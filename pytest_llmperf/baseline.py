@@ -29,6 +29,7 @@ COMPARED: dict[str, bool] = {
     "output_tokens_per_s": True, "requests_per_s": True,
     "kv_fragmentation_max": False, "kv_fragmentation_mean": False, "kv_usage_peak": False, "kv_blocks_peak": False,
     "kv_preemptions": False, "kv_prefix_hit_rate": True, "gpu_memory_peak_gib": False,
+    "capacity": True,  # of a sweep: the largest load whose latency limits hold
 }
 PAGING = frozenset(k for k in COMPARED if k.startswith("kv_"))
 
@@ -154,17 +155,21 @@ def compare(stored: Mapping[str, Any], current: Sequence[Entry], tolerances: Map
     tolerances = tolerances or {}
     by_label = {e["label"]: Entry.from_dict(e) for e in stored["entries"]}
     rows: list[Row] = []
+    new = [cur.label for cur in current if cur.label not in by_label]
     for cur in current:
         old = by_label.get(cur.label)
         if old is None:
-            return Verdict("no-baseline", message=f"no baseline entry for result {cur.label!r}")
+            continue
         if old.workload_hash != cur.workload_hash:
             return Verdict("stale", message=(
                 f"stale baseline: workload of {cur.label!r} changed ({old.workload_hash} -> {cur.workload_hash}); "
                 "rerun with --llmperf-baseline=update to record the new workload"))
         rows.extend(_compare_entry(old, cur, tolerances, default_tolerance))
+    if len(new) == len(current):
+        return Verdict("no-baseline", message=f"no baseline entry for {', '.join(map(repr, new))}")
     status = "regression" if any(r.verdict == "regression" for r in rows) else "pass"
-    return Verdict(status, tuple(rows), environment=stored.get("environment"))
+    note = f"new results without a baseline: {', '.join(map(repr, new))}" if new else ""
+    return Verdict(status, tuple(rows), message=note, environment=stored.get("environment"))
 
 
 def _compare_entry(old: Entry, cur: Entry, tolerances: Mapping[str, float], default: float) -> list[Row]:

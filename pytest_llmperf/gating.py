@@ -6,6 +6,8 @@ plain values to `baseline.py`, which knows nothing of pytest.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,11 +32,30 @@ class GateConfig:
 
 
 def entries(perf: LLMPerf) -> list[Entry]:
-    return [
-        Entry(label=r.label or str(i), workload_hash=r.workload_hash, deterministic=w.is_offline,
-              metrics=r.flat(), per_repeat=list(r.per_repeat), noise=dict(r.noise))
-        for i, (r, w) in enumerate(zip(perf.results, perf.workloads))
+    """One entry per result (sweep points included: a curve regresses when any point does) and one
+    per sweep for its capacity."""
+    # a bisection measures different rates each run: only its capacity can be compared
+    searched = {p.result.label for s in perf.sweeps if s.searched for p in s.points}
+    points = [result_entry(r, w, i) for i, (r, w) in enumerate(zip(perf.results, perf.workloads))
+              if r.label not in searched]
+    curves = [
+        Entry(label=f"{s.label}:capacity", workload_hash=_curve_hash(s), deterministic=False,
+              metrics={"capacity": s.capacity()}, per_repeat=[])
+        for s in perf.sweeps if s.under
     ]
+    return points + curves
+
+
+def result_entry(result: Any, workload: Any, index: int) -> Entry:
+    return Entry(label=result.label or str(index), workload_hash=result.workload_hash,
+                 deterministic=workload.is_offline, metrics=result.flat(), per_repeat=list(result.per_repeat),
+                 noise=dict(result.noise))
+
+
+def _curve_hash(sweep: Any) -> str:
+    points = "searched" if sweep.searched else [p.result.workload_hash for p in sweep.points]
+    text = json.dumps([sweep.kind, sorted(sweep.under.items()), points])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def environment(perf: LLMPerf, hardware: str, gpu: Any) -> dict[str, Any]:

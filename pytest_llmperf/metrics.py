@@ -83,6 +83,8 @@ class GpuStats:
     power_mean_w: float | None = None
     # (peak - idle) / the most sequences in flight at once
     memory_per_request_mib: float | None = None
+    # (seconds since run start, device memory used GiB), for plots
+    timeline: tuple[tuple[float, float], ...] = field(default=(), repr=False)
 
     @property
     def memory_peak_fraction(self) -> float | None:
@@ -155,6 +157,7 @@ class PerfResult:
         d = asdict(self)
         d.pop("sequences")
         d["kv"].pop("timeline")
+        d["gpu"].pop("timeline")
         d["flat"] = self.flat()
         return d
 
@@ -169,6 +172,8 @@ def flat_metrics(r: PerfResult) -> dict[str, float | None]:
         output_tokens_per_s=r.throughput.output_tokens_per_s,
         total_tokens_per_s=r.throughput.total_tokens_per_s,
         requests_per_s=r.throughput.requests_per_s,
+        output_tokens_per_s_per_gib=(r.throughput.output_tokens_per_s / r.gpu.memory_peak_gib
+                                     if r.gpu.memory_peak_gib else None),
         error_rate=r.error_rate,
         duration_s=r.duration_s,
     )
@@ -272,6 +277,7 @@ def gpu_stats(trace: RunTrace, output_tokens: int) -> GpuStats:
         memory_idle_gib=idle / _GIB,
         memory_total_gib=g[0].memory_total_bytes / _GIB if g[0].memory_total_bytes else None,
         memory_per_request_mib=(peak - idle) / 1024**2 / concurrency if concurrency else None,
+        timeline=tuple((round(s.t - trace.start_t, 6), s.memory_used_bytes / _GIB) for s in g),
         framework_peak_gib=framework,
         energy_per_token_j=energy,
         utilization_mean_pct=float(np.mean(util)) if util else None,
@@ -419,6 +425,7 @@ def _worst_gpu(gpus: Sequence[GpuStats]) -> GpuStats:
         memory_idle_gib=_mean_or_none([g.memory_idle_gib for g in gpus]),
         memory_total_gib=gpus[0].memory_total_gib,
         memory_per_request_mib=_max_or_none([g.memory_per_request_mib for g in gpus]),
+        timeline=gpus[0].timeline,
         framework_peak_gib=_max_or_none([g.framework_peak_gib for g in gpus]),
         energy_per_token_j=_mean_or_none([g.energy_per_token_j for g in gpus]),
         utilization_mean_pct=_mean_or_none([g.utilization_mean_pct for g in gpus]),

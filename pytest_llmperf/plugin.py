@@ -18,6 +18,7 @@ import pytest
 
 from . import assertions, engine_limits, gating, properties, pytest_benchmark_bridge
 from .assertions import Limit, MarkerError
+from .baseline import slug
 from .engines.base import Engine, EnginePool, default_engine
 from .gpu import KNOWN_CLASSES, GpuError, GpuInfo, assign_device, detect, device_count, memory_used, wait_for_release
 from .models import DEFAULT_MODEL, ModelSpec, resolve_model
@@ -341,17 +342,27 @@ def _judge(item: pytest.Item) -> tuple[str, bool] | None:
     """(failure text, is a performance violation) for this test's results; None when all limits hold."""
     limits = item.stash.get(LIMITS, [])
     perf = item.stash.get(PERF, None)
-    results = perf.results if perf is not None else []
-    if limits and not results:
+    sweeps = perf.sweeps if perf is not None else []
+    in_sweeps = perf.sweep_labels if perf is not None else set()
+    # sweep points are judged as a curve (min_capacity), not one by one: overload is their purpose
+    results = [r for r in perf.results if r.label not in in_sweeps] if perf is not None else []
+    curve_limits = [lim for lim in limits if lim.on_sweeps or (sweeps and lim.metric == "output_tokens_per_s_per_gib")]
+    point_limits = [lim for lim in limits if lim not in curve_limits]
+    if limits and not results and not sweeps:
         names = sorted({lim.marker.split("(")[0] for lim in limits})
         return (f"llmperf: {item.nodeid} has limit markers ({', '.join(names)}) but recorded no result: "
                 "call llmperf.run(engine, workload) in the test body", False)
-    if not results:
+    if not results and not sweeps:
         return None
-    if not any(lim.metric == "error_rate" for lim in limits):
-        limits = [*limits, Limit("max_error_rate(0) [default]", "error_rate", 0.0, True)]
+    if point_limits and not results:
+        names = sorted({lim.marker.split("(")[0] for lim in point_limits})
+        return (f"llmperf: {item.nodeid}: {', '.join(names)} judge llmperf.run results, and this test recorded only "
+                "sweeps; judge a curve with @pytest.mark.min_capacity(..., under={...})", False)
+    if results and not any(lim.metric == "error_rate" for lim in point_limits):
+        point_limits = [*point_limits, Limit("max_error_rate(0) [default]", "error_rate", 0.0, True)]
     try:
-        violations = assertions.check(limits, results)
+        violations = assertions.check(point_limits if results else [], results)
+        violations += assertions.check_sweeps(curve_limits, sweeps)
     except MarkerError as e:
         return f"llmperf: {item.nodeid}: {e}", False
     if not violations:
@@ -384,8 +395,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.sections.append(("vllm serve log (last lines)", server.log_tail()))
     if perf is not None and perf.results:
         state = item.config.stash[SESSION]
+        record = _test_record(item.nodeid, perf, report, verdict, state)
+        if state.report_dir is not None:
+            record.plots = _plots(item, perf, state.report_dir)
         # travels with the report, so that under pytest-xdist the controller sees every worker's results
-        report.llmperf_record = asdict(_test_record(item.nodeid, perf, report, verdict, state))
+        report.llmperf_record = asdict(record)
         pytest_benchmark_bridge.add(item, perf)
     return report
 
@@ -418,15 +432,26 @@ def _record(item: pytest.Item, perf: LLMPerf) -> None:
                 item.user_properties.append((prefix + key, round(value, 4)))
 
 
+def _plots(item: pytest.Item, perf: LLMPerf, report_dir: Path) -> list[str]:
+    from . import plots  # matplotlib only when pictures are asked for
+
+    try:
+        written = plots.for_test(slug(item.nodeid), perf.results, perf.sweeps, report_dir / "plots")
+    except Exception as e:  # noqa: BLE001 - a picture that cannot be drawn must not fail a measured test
+        item.add_report_section("call", "llmperf plots", f"plots not drawn: {type(e).__name__}: {e}")
+        return []
+    return [str(p.relative_to(report_dir)) for p in written]
+
+
 def _test_record(nodeid: str, perf: LLMPerf, report: pytest.TestReport, verdict: gating.Verdict | None,
                  state: Session) -> TestRecord:
     results = [
-        result_record(entry, result.to_dict(), workload.to_dict())
-        for entry, result, workload in zip(gating.entries(perf), perf.results, perf.workloads)
+        result_record(gating.result_entry(result, workload, i), result.to_dict(), workload.to_dict())
+        for i, (result, workload) in enumerate(zip(perf.results, perf.workloads))
     ]
     rows = [{**asdict(r), "change": r.change} for r in verdict.rows] if verdict is not None else []
     return TestRecord(nodeid, report.outcome, verdict.status if verdict is not None else "-", rows, results,
-                      gating.environment(perf, state.hardware, state.gpu))
+                      gating.environment(perf, state.hardware, state.gpu), [s.summary() for s in perf.sweeps])
 
 
 def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, Any] | None:

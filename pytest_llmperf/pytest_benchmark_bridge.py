@@ -1,6 +1,6 @@
 """pytest-benchmark users keep their tools: each llmperf result also becomes a pytest-benchmark entry
 (its JSON, `--benchmark-json`, autosave and compare), with the repeats as rounds and the llmperf
-metrics in `extra_info`.
+metrics in `extra_info`, whenever one of those outputs is asked for.
 
 pytest-benchmark has no public API for adding measurements taken elsewhere, so this builds its
 `BenchmarkFixture` the way its own `benchmark` fixture does and feeds the rounds to the stats object
@@ -20,6 +20,8 @@ def add(item: pytest.Item, perf: LLMPerf) -> None:
     session = getattr(item.config, "_benchmarksession", None)
     if session is None or session.disabled or session.skip:
         return
+    if not (getattr(session, "json", None) or getattr(session, "save", None) or getattr(session, "autosave", None)):
+        return  # only when pytest-benchmark output was asked for: no extra table in every llmperf session
     from pytest_benchmark.fixture import BenchmarkFixture
 
     for i, result in enumerate(perf.results):

@@ -31,6 +31,8 @@ class TestRecord:
     baseline_rows: list[dict[str, Any]] = field(default_factory=list)
     results: list[dict[str, Any]] = field(default_factory=list)
     environment: dict[str, Any] = field(default_factory=dict)
+    sweeps: list[dict[str, Any]] = field(default_factory=list)
+    plots: list[str] = field(default_factory=list)  # PNG paths, relative to the report folder
 
 
 def result_record(entry: Entry, summary: Mapping[str, Any], workload: Mapping[str, Any]) -> dict[str, Any]:
@@ -57,6 +59,16 @@ def markdown(records: Sequence[TestRecord], session: Mapping[str, Any]) -> str:
             cells = [f"`{rec.test}`", res["label"], *(_cell(res["metrics"].get(k)) for k, _ in HEADLINE),
                      _outcome(rec.outcome), rec.baseline]
             lines.append("| " + " | ".join(cells) + " |")
+    curves = [(rec.test, sw) for rec in records for sw in rec.sweeps]
+    if curves:
+        lines += ["", "### Sweeps", "", "| test | sweep | over | capacity | under | Pareto points | best balance |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| `{t}` | {sw['label']} | {sw['kind']} {', '.join(_cell(v) for v in sw['values'])} | "
+                  f"{_cell(sw['capacity'])} | {', '.join(f'{k} <= {v}' for k, v in sw['under'].items()) or '-'} | "
+                  f"{', '.join(_cell(v) for v in sw['pareto'])} | {_cell(sw['best_balance'])} |" for t, sw in curves]
+    pictures = [(rec.test, p) for rec in records for p in rec.plots]
+    if pictures:
+        lines += ["", "### Plots", ""] + [f"- `{t}`: [{Path(p).name}]({p})" for t, p in pictures]
     regressions = [(rec.test, row) for rec in records for row in rec.baseline_rows if row["verdict"] == "regression"]
     if regressions:
         lines += ["", "### Regressions against the stored baselines", "",

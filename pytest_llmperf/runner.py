@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .engines.base import Engine
 from .gpu import NvmlSampler
 from .metrics import PerfResult, summarize
+from .sweep import Sweep, SweepPoint, holds
 from .trace import RunTrace
 from .workload import Workload
 
@@ -32,6 +33,7 @@ class LLMPerf:
     # judges each result as it is made (Hypothesis tests: a violation must fail the example inside
     # the test body for shrinking to work); gets a function that measures the workload again
     check: Callable[[PerfResult, Workload, Callable[[], PerfResult]], None] | None = None
+    sweeps: list[Sweep] = field(default_factory=list)
     results: list[PerfResult] = field(default_factory=list)
     engines: list[Engine] = field(default_factory=list)
     workloads: list[Workload] = field(default_factory=list)
@@ -63,6 +65,50 @@ class LLMPerf:
             self.check(result, workload, lambda: self._again(engine, workload, repeats, label))
         return result
 
+    def sweep(self, engine: Engine, workload_factory: Callable[[float], Workload], *,
+              concurrency: Sequence[int] | None = None, rates: Sequence[float] | None = None, repeats: int = 1,
+              warmup: bool = True, label: str = "sweep", under: Mapping[str, float] | None = None) -> Sweep:
+        """One run per concurrency (or request rate): `workload_factory(value)` builds each point's
+        workload. Points are results too (labelled `label@value`); limit markers judge the curve
+        through `min_capacity`, not each point."""
+        kind, values = _sweep_values(concurrency, rates)
+        points = []
+        for i, value in enumerate(values):
+            result = self.run(engine, _workload_of(workload_factory, value), repeats=repeats,
+                              warmup=warmup and i == 0, label=f"{label}@{value:g}")
+            points.append(SweepPoint(value, result))
+        return self._keep(Sweep(kind, label, tuple(points), dict(under or {})))
+
+    def find_capacity(self, engine: Engine, rate_factory: Callable[[float], Workload], *,
+                      under: Mapping[str, float], lo: float, hi: float, max_runs: int = 8, rel_tol: float = 0.1,
+                      repeats: int = 1, label: str = "capacity") -> Sweep:
+        """The largest sustainable request rate under `under` (e.g. {"p99_ttft_ms": 500}) by bisection
+        between `lo` and `hi`, in at most `max_runs` runs; `.max_rate` on the returned sweep."""
+        if not 0 < lo < hi or max_runs < 2:
+            raise ValueError(f"find_capacity needs 0 < lo < hi and max_runs >= 2, got lo={lo}, hi={hi}, max_runs={max_runs}")
+        points: list[SweepPoint] = []
+
+        def measure(rate: float) -> bool:
+            result = self.run(engine, _workload_of(rate_factory, rate), repeats=repeats, warmup=not points,
+                              label=f"{label}@{rate:.4g}")
+            points.append(SweepPoint(rate, result))
+            return holds(result, under)
+
+        if measure(lo) and not measure(hi):
+            while len(points) < max_runs and (hi - lo) / hi > rel_tol:
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if measure(mid) else (lo, mid)
+        points.sort(key=lambda p: p.value)
+        return self._keep(Sweep("rate", label, tuple(points), dict(under), searched=True))
+
+    def _keep(self, sweep: Sweep) -> Sweep:
+        self.sweeps.append(sweep)
+        return sweep
+
+    @property
+    def sweep_labels(self) -> set[str]:
+        return {p.result.label for s in self.sweeps for p in s.points}
+
     def _again(self, engine: Engine, workload: Workload, repeats: int, label: str) -> PerfResult:
         traces = [self._measured(engine, workload, salt=100 + i) for i in range(repeats)]
         return summarize(traces, workload.hash, len(workload), label=label)
@@ -74,6 +120,22 @@ class LLMPerf:
         with NvmlSampler(self.gpu_index, self.gpu_interval_s) as sampler:
             trace = engine.run(workload, salt=salt)
         return replace(trace, gpu=sampler.samples)
+
+
+def _sweep_values(concurrency: Sequence[int] | None, rates: Sequence[float] | None) -> tuple[str, list[float]]:
+    if (concurrency is None) == (rates is None):
+        raise ValueError("llmperf.sweep takes exactly one of concurrency=[...] or rates=[...]")
+    kind, values = ("concurrency", concurrency) if concurrency is not None else ("rate", rates)
+    if not values or any(v <= 0 for v in values):
+        raise ValueError(f"sweep {kind} values must be a non-empty list of positive numbers, got {values!r}")
+    return kind, sorted(values)
+
+
+def _workload_of(factory: Callable[[float], Workload], value: float) -> Workload:
+    workload = factory(value)
+    if not isinstance(workload, Workload):
+        raise TypeError(f"the sweep's workload factory returned {type(workload).__name__} for {value}: return a Workload")
+    return workload
 
 
 def _warmup_of(workload: Workload) -> Workload:

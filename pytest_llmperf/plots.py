@@ -1,0 +1,111 @@
+"""Pictures for `--llmperf-report DIR` (report layer: reads results and sweeps, knows no engine):
+latency CDFs, throughput against latency for sweeps with the Pareto points marked, KV usage and
+fragmentation over time with preemptions marked, GPU memory over time. PNG, one file per picture."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from .metrics import PerfResult
+from .sweep import Sweep
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def for_test(name: str, results: Sequence[PerfResult], sweeps: Sequence[Sweep], folder: Path) -> list[Path]:
+    """Every picture that the test's data allows; returns the files written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = [latency_cdf(results, folder / f"{name}-latency-cdf.png")]
+    for sweep in sweeps:
+        written.append(sweep_curve(sweep, folder / f"{name}-{sweep.label}-curve.png"))
+    for i, r in enumerate(results):
+        tag = r.label or str(i)
+        if r.kv.timeline:
+            written.append(kv_timeline(r, folder / f"{name}-{tag}-kv.png"))
+        if r.gpu.timeline:
+            written.append(gpu_memory(r, folder / f"{name}-{tag}-gpu-memory.png"))
+    return written
+
+
+def latency_cdf(results: Sequence[PerfResult], path: Path) -> Path:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, metric, title in ((axes[0], "ttft", "Time to first token"), (axes[1], "tpot", "Time per output token")):
+        for i, r in enumerate(results):
+            values = sorted(v for s in r.sequences if (v := getattr(s, metric)) is not None)
+            if values:
+                ax.step(values, [(k + 1) / len(values) for k in range(len(values))], where="post",
+                        label=r.label or f"result {i}")
+        ax.set(title=title, xlabel=f"{metric.upper()} (ms)", ylabel="fraction of requests", ylim=(0, 1.02))
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize="small", loc="lower right")
+    return _save(fig, path)
+
+
+def sweep_curve(sweep: Sweep, path: Path, latency: str = "p99_tpot_ms") -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = [p.result.throughput.output_tokens_per_s for p in sweep.points]
+    ys = [p.result.flat()[latency] or 0.0 for p in sweep.points]
+    ax.plot(xs, ys, "o-", color="tab:blue", label=f"{sweep.kind} points")
+    for p, x, y in zip(sweep.points, xs, ys):
+        ax.annotate(f"{p.value:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    front = sweep.pareto(latency)
+    ax.scatter([p.result.throughput.output_tokens_per_s for p in front], [p.result.flat()[latency] for p in front],
+               s=120, facecolors="none", edgecolors="tab:red", linewidths=1.5, label="Pareto front")
+    best = sweep.best_balance(latency)
+    if best is not None:
+        ax.scatter([best.result.throughput.output_tokens_per_s], [best.result.flat()[latency]], marker="*", s=200,
+                   color="tab:green", label=f"best balance ({sweep.kind} {best.value:g})")
+    cap = sweep.capacity() if sweep.under else None
+    title = f"{sweep.label}: throughput vs {latency}"
+    if cap is not None:
+        title += f" (capacity {cap:g})"
+    ax.set(title=title, xlabel="output throughput (tokens/s)", ylabel=latency.replace("_ms", " (ms)"))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def kv_timeline(result: PerfResult, path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    t = [row[0] for row in result.kv.timeline]
+    if result.kv.usage_peak is not None:  # a contiguous cache (hf) has no block pool to be a share of
+        ax.plot(t, [row[1] for row in result.kv.timeline], label="KV usage (blocks in use / total)")
+    ax.plot(t, [row[2] for row in result.kv.timeline], label="fragmentation (wasted slots / allocated)")
+    previous = 0
+    for row in result.kv.timeline:
+        if row[4] > previous:
+            ax.axvline(row[0], color="tab:red", alpha=0.4, linewidth=0.8)
+            previous = row[4]
+    ax.set(title=f"KV cache over time ({result.label or result.engine}; red: preemptions, {result.kv.preemptions or 0} in all)",
+           xlabel="time since run start (s)", ylabel="fraction", ylim=(0, 1.02))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="upper right")
+    return _save(fig, path)
+
+
+def gpu_memory(result: PerfResult, path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.plot([row[0] for row in result.gpu.timeline], [row[1] for row in result.gpu.timeline])
+    ax.set(title=f"GPU memory used ({result.label or result.engine}; NVML, all processes)",
+           xlabel="time since run start (s)", ylabel="GiB")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path

@@ -1,0 +1,87 @@
+"""Curves: capacity, Pareto front, best balance on hand-built results; sweeps, bisection, the
+min_capacity marker, plots and curve baselines end to end on real transformers runs."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from pytest_llmperf.metrics import Throughput, summarize
+from pytest_llmperf.sweep import Sweep, SweepPoint
+from pytest_llmperf.trace import Chunk, RunTrace, SequenceTrace
+
+
+def point(value, tokens_per_s, tpot_ms):
+    """A result with exactly this TPOT (11 tokens, evenly spaced) and this output throughput."""
+    seq = SequenceTrace(0, 0, 8, 11, 0.0, tuple(Chunk(0.001 + k * tpot_ms / 1000, 1) for k in range(11)))
+    r = summarize([RunTrace("fake", (seq,), 0.0, 1.0)], "h", 1, label=f"s@{value}")
+    return SweepPoint(value, replace(r, throughput=Throughput(tokens_per_s, tokens_per_s, 1.0)))
+
+
+def test_capacity_is_cut_at_the_first_point_that_breaks_a_limit():
+    s = Sweep("concurrency", "s", (point(1, 100, 10), point(2, 180, 20), point(4, 300, 45), point(8, 320, 30)),
+              under={"p99_tpot_ms": 40})
+    assert s.capacity() == 2  # 8 holds again, but 4 broke the limit first
+    assert s.capacity({"p99_tpot_ms": 50}) == 8
+    assert s.capacity({"p99_tpot_ms": 5}) is None
+    with pytest.raises(ValueError, match="not a measured metric"):
+        s.capacity({"p99_latency": 5})
+
+
+def test_pareto_front_and_best_balance():
+    s = Sweep("concurrency", "s", (point(1, 100, 10), point(2, 180, 20), point(4, 170, 45), point(8, 320, 30)))
+    assert [p.value for p in s.pareto()] == [1, 2, 8]  # 4 is beaten by 8 on both axes
+    assert s.best_balance().value == 8  # 320/30 > 100/10 > 180/20
+
+
+SWEEP_TEST = """
+import pytest
+from pytest_llmperf import Workload
+
+def chat(concurrency):
+    return Workload.closed_loop(concurrency=int(concurrency), n=2 * int(concurrency), prompt_len=(16, 48),
+                                output_len=(4, 8), seed=1)
+
+@pytest.mark.min_capacity(concurrency=CAP, under={"p99_tpot_ms": 60_000})
+@pytest.mark.max_p99_ms(ttft=0.001)  # judges plain runs only: sweep points are judged as a curve
+def test_curve(hf_engine, llmperf):
+    llmperf.run(hf_engine, chat(1), label="plain", warmup=False)
+    sweep = llmperf.sweep(hf_engine, chat, concurrency=[1, 2, 4], under={"p99_tpot_ms": 60_000})
+    assert sweep.values == [1, 2, 4] and len(sweep.points) == 3
+"""
+
+
+def test_min_capacity_passes_and_fails_on_a_real_sweep(pytester):
+    pytester.makepyfile(test_c=SWEEP_TEST.replace("CAP", "4").replace("@pytest.mark.max_p99_ms(ttft=0.001)", ""))
+    passed = pytester.runpytest_inprocess("--llmperf-engine=hf", "--llmperf-report=rep", "-p", "no:cacheprovider")
+    passed.assert_outcomes(passed=1)
+    doc = json.loads((pytester.path / "rep" / "results.json").read_text())
+    (sweep,) = doc["tests"][0]["sweeps"]
+    assert sweep["capacity"] == 4 and sweep["values"] == [1, 2, 4] and sweep["kind"] == "concurrency"
+    plots = doc["tests"][0]["plots"]
+    assert any(p.endswith("-sweep-curve.png") for p in plots) and any(p.endswith("-latency-cdf.png") for p in plots)
+    assert all((pytester.path / "rep" / p).stat().st_size > 10_000 for p in plots)
+    summary = (pytester.path / "rep" / "summary.md").read_text()
+    assert "### Sweeps" in summary and "### Plots" in summary
+
+    pytester.makepyfile(test_c=SWEEP_TEST.replace("CAP", "8"))
+    failed = pytester.runpytest_inprocess("--llmperf-engine=hf", "-p", "no:cacheprovider")
+    failed.assert_outcomes(failed=1)
+    out = failed.stdout.str()
+    assert "capacity_concurrency = 4 < limit 8" in out and "sweep 'sweep' over concurrency 1, 2, 4" in out
+    assert "p99_ttft_ms" in out and "[plain]" in out  # the plain run is judged, the sweep points are not
+    assert "[sweep@" not in out
+
+
+def test_find_capacity_bisects_within_its_run_budget(hf_engine_factory, llmperf):
+    from pytest_llmperf import Workload
+
+    engine = hf_engine_factory(max_batch_size=4)
+    sweep = llmperf.find_capacity(
+        engine, lambda r: Workload.poisson(qps=r, n=6, prompt_len=(16, 32), output_len=(2, 4), seed=1),
+        under={"p99_ttft_ms": 60_000}, lo=1, hi=64, max_runs=4)
+    assert sweep.searched and len(sweep.points) == 2 and sweep.max_rate == 64  # hi already holds: stop
+    tight = llmperf.find_capacity(
+        engine, lambda r: Workload.poisson(qps=r, n=6, prompt_len=(16, 32), output_len=(2, 4), seed=1),
+        under={"p99_ttft_ms": 0.001}, lo=1, hi=64, max_runs=4)
+    assert tight.max_rate is None and len(tight.points) == 1  # even lo breaks the limit
