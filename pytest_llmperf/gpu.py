@@ -114,6 +114,7 @@ class NvmlSampler:
         self._interval = interval_s
         self._stop = threading.Event()
         self._samples: list[GpuSample] = []
+        self.error: str | None = None
         pynvml.nvmlInit()
         self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         self._thread = threading.Thread(target=self._loop, name="llmperf-nvml", daemon=True)
@@ -132,19 +133,33 @@ class NvmlSampler:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._samples.append(self._read())
+            if not self._try_read():
+                return
             self._stop.wait(self._interval)
 
+    def _try_read(self) -> bool:
+        """One sample; an NVML failure mid-run ends sampling (the figures so far stand, the error is
+        kept for the report) instead of failing the measured run."""
+        if self.error is not None:
+            return False
+        try:
+            self._samples.append(self._read())
+            return True
+        except self._nvml.NVMLError as e:
+            self.error = f"NVML failed during the run: {e}"
+            return False
+
     def __enter__(self) -> NvmlSampler:
-        self._samples.append(self._read())
+        self._try_read()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self._samples.append(self._read())
-        self._nvml.nvmlShutdown()
+        self._try_read()
+        with contextlib.suppress(self._nvml.NVMLError):
+            self._nvml.nvmlShutdown()
 
     @property
     def samples(self) -> tuple[GpuSample, ...]:

@@ -129,6 +129,7 @@ class PerfResult:
     noise: dict[str, float] = field(default_factory=dict, repr=False)
     duration_s: float = 0.0
     label: str = ""
+    partial: bool = False  # the run crashed after these repeats: reported, never a pass
 
     @property
     def error_rate(self) -> float:
@@ -315,14 +316,15 @@ def latency_noise(samples: dict[str, Sequence[float]]) -> dict[str, float]:
 
 
 # -- over repeats --------------------------------------------------------------------------------
-def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, label: str = "") -> PerfResult:
+def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, label: str = "",
+              partial: bool = False) -> PerfResult:
     """Pool the sequences of every repeat for percentiles; take the median throughput of the
     repeats; take the worst (max) KV and memory figures over the repeats."""
     if not traces:
         raise ValueError("summarize needs at least one run trace")
     per_trace = [_one(t, workload_hash, n_requests) for t in traces]
     if len(per_trace) == 1:
-        return replace(per_trace[0], label=label)
+        return replace(per_trace[0], label=label, partial=partial)
     seqs = tuple(s for r in per_trace for s in r.sequences)
     gaps = [g for t in traces for s in t.sequences if s.ok for g in itl_gaps_ms(s)]
     thr = [r.throughput for r in per_trace]
@@ -351,6 +353,7 @@ def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, l
         errors=tuple(e for r in per_trace for e in r.errors),
         duration_s=sum(r.duration_s for r in per_trace),
         label=label,
+        partial=partial,
     )
 
 

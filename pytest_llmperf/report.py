@@ -56,7 +56,7 @@ def markdown(records: Sequence[TestRecord], session: Mapping[str, Any]) -> str:
     ]
     for rec in records:
         for res in rec.results:
-            cells = [f"`{rec.test}`", res["label"], *(_cell(res["metrics"].get(k)) for k, _ in HEADLINE),
+            cells = [f"`{rec.test}`", result_name(res), *(_cell(res["metrics"].get(k)) for k, _ in HEADLINE),
                      _outcome(rec.outcome), rec.baseline]
             lines.append("| " + " | ".join(cells) + " |")
     curves = [(rec.test, sw) for rec in records for sw in rec.sweeps]
@@ -121,6 +121,10 @@ def compare_files(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: flo
         if verdict.rows and any(r.verdict != "ok" or r.reason for r in verdict.rows):
             out.append(baseline.format_table(verdict))
     return "\n".join(out), regressed
+
+
+def result_name(res: Mapping[str, Any]) -> str:
+    return res["label"] + (" (partial)" if res.get("summary", {}).get("partial") else "")
 
 
 def _cell(value: Any) -> str:

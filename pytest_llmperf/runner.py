@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -51,16 +52,12 @@ class LLMPerf:
         except BaseException:
             if self.on_broken is not None:
                 self.on_broken(engine)
+            if traces:  # what was measured before the crash is reported, marked partial, never a pass
+                self._keep_result(summarize(traces, workload.hash, len(workload), label=label, partial=True),
+                                  engine, workload)
             raise
         result = summarize(traces, workload.hash, len(workload), label=label)
-        if self.check is not None:
-            # one example of a property test: only its own result stays bound to the test
-            self.results.clear()
-            self.engines.clear()
-            self.workloads.clear()
-        self.results.append(result)
-        self.engines.append(engine)
-        self.workloads.append(workload)
+        self._keep_result(result, engine, workload)
         if self.check is not None:
             self.check(result, workload, lambda: self._again(engine, workload, repeats, label))
         return result
@@ -114,11 +111,23 @@ class LLMPerf:
         return summarize(traces, workload.hash, len(workload), label=label)
 
 
+    def _keep_result(self, result: PerfResult, engine: Engine, workload: Workload) -> None:
+        if self.check is not None:
+            # one example of a property test: only its own result stays bound to the test
+            self.results.clear()
+            self.engines.clear()
+            self.workloads.clear()
+        self.results.append(result)
+        self.engines.append(engine)
+        self.workloads.append(workload)
+
     def _measured(self, engine: Engine, workload: Workload, salt: int) -> RunTrace:
         if self.gpu_index is None:
             return engine.run(workload, salt=salt)
         with NvmlSampler(self.gpu_index, self.gpu_interval_s) as sampler:
             trace = engine.run(workload, salt=salt)
+        if sampler.error:
+            warnings.warn(f"llmperf: {sampler.error}; GPU figures cover only the samples before it", stacklevel=3)
         return replace(trace, gpu=sampler.samples)
 
 

@@ -36,7 +36,12 @@ MIN_VERSION = (0, 10, 0)
 # a CPU-sized default, bounded: the CPU backend would otherwise take a share of a NUMA node's memory
 CPU_KV_SPACE_GIB = "2"
 KV_MEASURES = frozenset({"fragmentation", "usage", "preemptions", "prefix_hit_rate"})
-RUN_TIMEOUT_S = float(os.environ.get("LLMPERF_RUN_TIMEOUT_S", "900"))
+DEFAULT_RUN_TIMEOUT_S = 900.0
+
+
+def run_timeout_s() -> float:
+    """One pass's time limit (`LLMPERF_RUN_TIMEOUT_S`): a request that never finishes fails the test."""
+    return float(os.environ.get("LLMPERF_RUN_TIMEOUT_S", DEFAULT_RUN_TIMEOUT_S))
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -182,13 +187,16 @@ class VLLMEngine(Engine):
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def _call(self, coro: Coroutine[Any, Any, Any], timeout: float | None = RUN_TIMEOUT_S) -> Any:
+    def _call(self, coro: Coroutine[Any, Any, Any], timeout: float | None = -1.0) -> Any:
+        timeout = run_timeout_s() if timeout == -1.0 else timeout
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return future.result(timeout=timeout)
         except TimeoutError:
             future.cancel()
-            raise EngineError(f"vLLM run did not finish within {timeout:.0f}s (LLMPERF_RUN_TIMEOUT_S)") from None
+            self.alive = False  # requests may still be in flight: the next test gets a fresh engine
+            raise EngineError(f"vLLM run did not finish within {timeout:.0f}s (LLMPERF_RUN_TIMEOUT_S); "
+                              "the engine is restarted for the next test") from None
 
     # -- running ----------------------------------------------------------------------------
     def run(self, workload: Workload, salt: int = 0) -> RunTrace:

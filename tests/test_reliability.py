@@ -1,0 +1,119 @@
+"""Faults and bad input: each gives a clear error naming the cause, keeps what was measured, and
+leaves no engine process behind; the next test gets a working engine (docs/reliability.md)."""
+
+import threading
+
+import psutil
+import pytest
+
+from pytest_llmperf import Workload
+from pytest_llmperf.engines.base import Engine, EngineError
+from pytest_llmperf.runner import LLMPerf
+from pytest_llmperf.trace import Chunk, RunTrace, SequenceTrace
+
+OWN = dict(num_gpu_blocks_override=150)  # an engine of these tests' own: killing it disturbs no other test
+
+
+def engine_processes():
+    return [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+
+
+@pytest.mark.max_error_rate(1.0)  # every request fails here on purpose
+@pytest.mark.llmperf_engine(**OWN)
+def test_an_engine_killed_mid_run_fails_its_requests_and_is_restarted(vllm_engine, vllm_engine_factory, llmperf):
+    victims = engine_processes()
+    assert victims, "vLLM's engine core runs in child processes"
+    threading.Timer(1.5, lambda: [p.kill() for p in victims]).start()
+    r = llmperf.run(vllm_engine, Workload.offline(8, prompt_len=64, output_len=2000), warmup=False)
+    assert r.failed == r.n_sequences == 8 and any("EngineDeadError" in e for e in r.errors)
+    fresh = vllm_engine_factory(**OWN)
+    assert fresh is not vllm_engine
+    assert llmperf.run(fresh, Workload.offline(4, 32, 8), warmup=False).failed == 0
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in victims)
+
+
+@pytest.mark.llmperf_engine(**OWN)
+def test_a_run_that_never_finishes_times_out_and_the_engine_is_replaced(vllm_engine, vllm_engine_factory, llmperf,
+                                                                       monkeypatch):
+    monkeypatch.setenv("LLMPERF_RUN_TIMEOUT_S", "1")
+    with pytest.raises(EngineError, match=r"did not finish within 1s \(LLMPERF_RUN_TIMEOUT_S\)"):
+        llmperf.run(vllm_engine, Workload.offline(8, prompt_len=64, output_len=3000), warmup=False)
+    monkeypatch.delenv("LLMPERF_RUN_TIMEOUT_S")
+    fresh = vllm_engine_factory(**OWN)
+    assert fresh is not vllm_engine and llmperf.run(fresh, Workload.offline(2, 16, 4), warmup=False).failed == 0
+
+
+def test_too_little_kv_memory_at_start_is_a_clear_error(vllm_engine_factory):
+    with pytest.raises(EngineError, match="failed to start .* set VLLM_CPU_KVCACHE_SPACE"):
+        vllm_engine_factory(num_gpu_blocks_override=8)  # 7 blocks of 32 cannot hold max_model_len 4096
+
+
+def test_a_vllm_older_than_the_v1_engine_is_refused(monkeypatch):
+    import vllm
+
+    from pytest_llmperf.engines.vllm import VLLMEngine
+    from pytest_llmperf.models import resolve_model
+
+    monkeypatch.setattr(vllm, "__version__", "0.9.2")
+    with pytest.raises(EngineError, match="vLLM 0.9.2 is too old: pytest-llmperf needs the v1 engine, vLLM >= 0.10"):
+        VLLMEngine(resolve_model("shape:tiny-llama"), {})
+
+
+def test_unknown_engine_options_and_models_are_clear_errors(hf_engine_factory):
+    from pytest_llmperf.models import resolve_model
+
+    with pytest.raises(EngineError, match="hf engine does not take \\['max_num_seqs'\\]"):
+        hf_engine_factory(max_num_seqs=4)
+    with pytest.raises(ValueError, match="unknown model shape 'llama-99b': choose one of .*tiny-llama"):
+        resolve_model("shape:llama-99b")
+    with pytest.raises(ValueError, match="neither a folder, a hub id"):
+        resolve_model("./no/such/folder/here")
+
+
+class FakeCrashingEngine(Engine):
+    """A FAKE engine for the runner's bookkeeping only: its second pass crashes."""
+
+    name, version = "fake", "0"
+    max_model_len, vocab_size = 4096, 1000
+    model = None
+
+    def __init__(self):
+        self.passes = 0
+
+    @property
+    def config(self):
+        return {}
+
+    def run(self, workload, salt=0):
+        self.passes += 1
+        if self.passes == 2:
+            raise RuntimeError("engine crashed")
+        seq = SequenceTrace(0, 0, 8, 2, 0.0, (Chunk(0.1, 1), Chunk(0.2, 1)))
+        return RunTrace("fake", (seq,), 0.0, 0.2)
+
+    def shutdown(self):
+        pass
+
+
+def test_a_crash_after_some_repeats_keeps_them_as_a_partial_result():
+    broken = []
+    perf = LLMPerf(on_broken=broken.append)
+    engine = FakeCrashingEngine()
+    with pytest.raises(RuntimeError, match="engine crashed"):
+        perf.run(engine, Workload.offline(1, 8, 2), repeats=3, warmup=False)
+    (partial,) = perf.results
+    assert partial.partial and partial.repeats == 1 and broken == [engine]
+
+
+def test_three_rounds_do_not_grow_host_memory(vllm_engine_factory, hf_engine_factory, llmperf):
+    """A short soak: the same workloads three times through both engines; the host memory of this
+    process and its engine processes must not keep growing between the second and third round."""
+    w = Workload.offline(16, prompt_len=(16, 256), output_len=(16, 64), seed=5)
+    rss = []
+    for _ in range(3):
+        llmperf.run(vllm_engine_factory(num_gpu_blocks_override=160), w, warmup=False)
+        llmperf.run(hf_engine_factory(), w, warmup=False)
+        procs = [psutil.Process(), *engine_processes()]
+        rss.append(sum(p.memory_info().rss for p in procs if p.is_running()) / 2**20)
+    print("host memory after each round (MiB):", [round(x) for x in rss])
+    assert rss[2] - rss[1] < 300
