@@ -30,6 +30,9 @@ class SequenceTrace:
     submit_t: float
     chunks: tuple[Chunk, ...]
     error: str | None = None
+    # the engine's own view where it records one (vLLM >= 0.11.1 with stats on): when its front end
+    # received the request, and when its core produced the first and last token; same clock as submit_t
+    engine_times: tuple[float, float, float] | None = None
 
     @property
     def output_tokens(self) -> int:

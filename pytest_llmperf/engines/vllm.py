@@ -61,6 +61,17 @@ def _is_cpu_build(vllm: Any) -> bool:
         return False
 
 
+def _engine_times(stats: Any) -> tuple[float, float, float] | None:
+    """vLLM's own request timestamps (`RequestOutput.metrics`, a RequestStateStats in 0.11.1-0.33):
+    front-end arrival (wall clock, moved to the monotonic clock here) and the engine core's first and
+    last token (monotonic, which perf_counter shares on Linux). Used to measure our fidelity."""
+    first, last = getattr(stats, "first_token_ts", 0.0), getattr(stats, "last_token_ts", 0.0)
+    arrival = getattr(stats, "arrival_time", 0.0)
+    if not (first and last and arrival):
+        return None
+    return arrival - (time.time() - time.perf_counter()), first, last
+
+
 class VLLMEngine(Engine):
     name = "vllm"
 
@@ -248,12 +259,14 @@ class VLLMEngine(Engine):
         chunks: list[list[Chunk]] = [[] for _ in range(req.n)]
         submit = time.perf_counter()
         error = None
+        stats = None
         try:
             async for out in self._llm.generate(TokensPrompt(prompt_token_ids=ids), params, request_id=request_id):
                 t = time.perf_counter()
                 for comp in out.outputs:
                     if comp.token_ids:
                         chunks[comp.index].append(Chunk(t, len(comp.token_ids)))
+                stats = getattr(out, "metrics", None) or stats
         except Exception as e:  # noqa: BLE001 - a failed request is counted and reported, not raised
             error = f"{type(e).__name__}: {e}"
         finally:
@@ -261,7 +274,9 @@ class VLLMEngine(Engine):
                 slots.release()
         if error and "EngineDead" in error:
             self.alive = False
-        return [SequenceTrace(i, k, len(ids), req.output_len, submit, tuple(c), error) for k, c in enumerate(chunks)]
+        engine_times = _engine_times(stats) if req.n == 1 else None
+        return [SequenceTrace(i, k, len(ids), req.output_len, submit, tuple(c), error, engine_times)
+                for k, c in enumerate(chunks)]
 
     def _read_kv_samples(self) -> tuple[KVSample, ...]:
         from .vllm_sampler import ERROR_PREFIX, FIELDS
