@@ -22,7 +22,7 @@ from .baseline import slug
 from .engines.base import Engine, EnginePool, default_engine
 from .gpu import KNOWN_CLASSES, GpuError, GpuInfo, assign_device, detect, device_count, memory_used, wait_for_release
 from .models import DEFAULT_MODEL, ModelSpec, resolve_model
-from .report import HEADLINE, TestRecord, result_name, result_record
+from .report import HEADLINE, TestRecord, cell, result_name, result_record
 from .report import write as write_report
 from .runner import LLMPerf
 
@@ -481,7 +481,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     tr.section("llmperf")
     head = ("test", "result", *(name for _, name in HEADLINE), "baseline", "outcome")
     rows = [head] + [
-        (rec.test, result_name(res), *(_cell(res["metrics"].get(k)) for k, _ in HEADLINE), rec.baseline, rec.outcome)
+        (rec.test, result_name(res), *(cell(res["metrics"].get(k)) for k, _ in HEADLINE), rec.baseline, rec.outcome)
         for rec in state.records
         for res in rec.results
     ]
@@ -493,10 +493,3 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         paths = write_report(state.report_dir, state.records, state.describe())
         tr.write_line("llmperf report: " + ", ".join(str(p) for p in paths))
 
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}" if abs(value) < 1 else f"{value:.1f}"
-    return str(value)

@@ -56,16 +56,16 @@ def markdown(records: Sequence[TestRecord], session: Mapping[str, Any]) -> str:
     ]
     for rec in records:
         for res in rec.results:
-            cells = [f"`{rec.test}`", result_name(res), *(_cell(res["metrics"].get(k)) for k, _ in HEADLINE),
+            cells = [f"`{rec.test}`", result_name(res), *(cell(res["metrics"].get(k)) for k, _ in HEADLINE),
                      _outcome(rec.outcome), rec.baseline]
             lines.append("| " + " | ".join(cells) + " |")
     curves = [(rec.test, sw) for rec in records for sw in rec.sweeps]
     if curves:
         lines += ["", "### Sweeps", "", "| test | sweep | over | capacity | under | Pareto points | best balance |",
                   "|---|---|---|---|---|---|---|"]
-        lines += [f"| `{t}` | {sw['label']} | {sw['kind']} {', '.join(_cell(v) for v in sw['values'])} | "
-                  f"{_cell(sw['capacity'])} | {', '.join(f'{k} <= {v}' for k, v in sw['under'].items()) or '-'} | "
-                  f"{', '.join(_cell(v) for v in sw['pareto'])} | {_cell(sw['best_balance'])} |" for t, sw in curves]
+        lines += [f"| `{t}` | {sw['label']} | {sw['kind']} {', '.join(cell(v) for v in sw['values'])} | "
+                  f"{cell(sw['capacity'])} | {', '.join(f'{k} <= {v}' for k, v in sw['under'].items()) or '-'} | "
+                  f"{', '.join(cell(v) for v in sw['pareto'])} | {cell(sw['best_balance'])} |" for t, sw in curves]
     pictures = [(rec.test, p) for rec in records for p in rec.plots]
     if pictures:
         lines += ["", "### Plots", ""] + [f"- `{t}`: [{Path(p).name}]({p})" for t, p in pictures]
@@ -74,7 +74,7 @@ def markdown(records: Sequence[TestRecord], session: Mapping[str, Any]) -> str:
         lines += ["", "### Regressions against the stored baselines", "",
                   "| test | result | metric | baseline | current | change | allowed | reason |",
                   "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| `{t}` | {r['label']} | {r['metric']} | {_cell(r['baseline'])} | {_cell(r['current'])} | "
+        lines += [f"| `{t}` | {r['label']} | {r['metric']} | {cell(r['baseline'])} | {cell(r['current'])} | "
                   f"{r['change']:+.1%} | {r['allowed']:.1%} | {r['reason']} |" for t, r in regressions]
     return "\n".join(lines) + "\n"
 
@@ -127,7 +127,8 @@ def result_name(res: Mapping[str, Any]) -> str:
     return res["label"] + (" (partial)" if res.get("summary", {}).get("partial") else "")
 
 
-def _cell(value: Any) -> str:
+def cell(value: Any) -> str:
+    """A metric value as a table shows it."""
     if value is None:
         return "-"
     if isinstance(value, float):

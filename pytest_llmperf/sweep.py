@@ -65,6 +65,7 @@ class Sweep:
     def summary(self) -> dict[str, Any]:
         best = self.best_balance()
         return {"kind": self.kind, "label": self.label, "values": self.values, "capacity": self.capacity(),
+                "max_rate": self.max_rate, "searched": self.searched,
                 "under": dict(self.under), "pareto": [p.value for p in self.pareto()],
                 "best_balance": best.value if best else None,
                 "throughput_per_gib": [throughput_per_gib(p.result) for p in self.points]}

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import importlib
 import importlib.util
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
 from ..models import ModelSpec
 from ..trace import RunTrace
-from ..workload import Workload
+from ..workload import Request, Workload
 
 # name -> "module:Class"; imported only when that engine is asked for (the plugin must load fast)
 ENGINES = {
@@ -19,6 +21,17 @@ ENGINES = {
     "vllm": "pytest_llmperf.engines.vllm:VLLMEngine",
     "openai": "pytest_llmperf.engines.openai:OpenAIEngine",
 }
+
+
+async def wait_for_turn(request: Request, start: float, slots: asyncio.Semaphore | None) -> None:
+    """Hold a request until it may be sent: a free slot in a closed loop (the caller releases it when
+    the request is done), else its arrival time since `start` (perf_counter seconds)."""
+    if slots is not None:
+        await slots.acquire()
+        return
+    delay = start + request.arrival_s - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
 
 
 class EngineError(RuntimeError):

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from ..models import ModelSpec
 from ..trace import Chunk, KVSample, RunTrace, SequenceTrace
 from ..workload import Workload
-from .base import Engine, EngineError
+from .base import Engine, EngineError, wait_for_turn
 
 DEFAULTS: dict[str, Any] = {
     "base_url": None,  # e.g. http://127.0.0.1:8000/v1
@@ -160,12 +160,7 @@ class OpenAIEngine(Engine):
     async def _one(self, client: Any, workload: Workload, i: int, salt: int, start: float,
                    slots: asyncio.Semaphore | None) -> list[SequenceTrace]:
         req = workload.requests[i]
-        if slots is not None:
-            await slots.acquire()
-        else:
-            delay = start + req.arrival_s - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+        await wait_for_turn(req, start, slots)
         path = "/chat/completions" if self._cfg["endpoint"] == "chat" else "/completions"
         stream = _Stream(req.n)
         submit = time.perf_counter()

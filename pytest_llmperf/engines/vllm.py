@@ -29,7 +29,7 @@ from typing import Any
 from ..models import ModelSpec
 from ..trace import Chunk, KVSample, RunTrace, SequenceTrace
 from ..workload import Workload
-from .base import Engine, EngineError
+from .base import Engine, EngineError, wait_for_turn
 
 SAMPLER = "pytest_llmperf.engines.vllm_sampler.PagingRecorder"
 MIN_VERSION = (0, 10, 0)
@@ -250,12 +250,7 @@ class VLLMEngine(Engine):
         params = SamplingParams(n=req.n, max_tokens=req.output_len, ignore_eos=True, detokenize=False,
                                 temperature=0.0 if req.n == 1 else 1.0,
                                 output_kind=RequestOutputKind.DELTA)
-        if slots is not None:
-            await slots.acquire()
-        else:
-            delay = start + req.arrival_s - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+        await wait_for_turn(req, start, slots)
         chunks: list[list[Chunk]] = [[] for _ in range(req.n)]
         submit = time.perf_counter()
         error = None
