@@ -78,8 +78,10 @@ def served(vllm_server):
 
 
 def test_streams_from_a_real_vllm_server_with_exact_token_counts(served, openai_engine_factory, llmperf):
+    import vllm
+
     engine = openai_engine_factory(base_url=served.base_url)
-    assert engine.version == __import__("vllm").__version__ and engine.max_model_len == 4096
+    assert engine.version == vllm.__version__ and engine.max_model_len == 4096
     longer = Workload.offline(8, prompt_len=(64, 300), output_len=(64, 128), seed=3)  # long enough to scrape
     r = llmperf.run(engine, longer)
     assert r.failed == 0 and r.ttft.count == 8 and r.tpot.count == 8 and r.itl.count > 0
