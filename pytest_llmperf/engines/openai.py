@@ -255,11 +255,11 @@ class _Scraper:
             return
         try:
             response = await self.client.get(self.url, timeout=5.0)
-        except Exception:  # noqa: BLE001 - a server without /metrics simply has no paging numbers
-            self.available = False
+        except Exception:  # noqa: BLE001 - a busy server may miss one scrape; one that never answers has none
+            self.available = bool(self.rows)
             return
         if response.status_code != 200:
-            self.available = False
+            self.available = False  # no /metrics here: no paging numbers over HTTP
             return
         self.rows.append((time.perf_counter(), self._parse(response.text)))
 

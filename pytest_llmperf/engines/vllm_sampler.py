@@ -76,7 +76,10 @@ class PagingRecorder(Scheduler):
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         before = list(self.running)
         out = super().schedule(*args, **kwargs)
-        if self._out is not None and not self._broken:
+        # An idle step (nothing running or waiting) says nothing about paging, and the one that reports
+        # a run's last finished requests can land after the client saw the run end: skipping idle
+        # steps keeps the fingerprint of a run identical from one run to the next.
+        if self._out is not None and not self._broken and (before or self.running or self.waiting):
             self._preemptions += sum(1 for r in before if r.status == RequestStatus.PREEMPTED)
             row = self._guarded(self._sample)
             if row is not None:
