@@ -235,6 +235,16 @@ def _under_for_hardware(under: Any, hardware: str | None) -> Any:
     return {k: _for_hardware(v, hardware) for k, v in under.items()}
 
 
+DEFAULT_ERROR_LIMIT = Limit("max_error_rate(0) [default]", "error_rate", 0.0, True)
+
+
+def with_default_error_limit(limits: Sequence[Limit]) -> list[Limit]:
+    """Any failed request fails a test unless it says otherwise with max_error_rate."""
+    if any(lim.metric == "error_rate" for lim in limits):
+        return list(limits)
+    return [*limits, DEFAULT_ERROR_LIMIT]
+
+
 def check(limits: Iterable[Limit], results: Sequence[PerfResult]) -> list[Violation]:
     """Every violated limit of every result; MarkerError when a limit's metric was not measured."""
     violations = []

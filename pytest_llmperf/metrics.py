@@ -324,7 +324,9 @@ def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, l
         raise ValueError("summarize needs at least one run trace")
     per_trace = [_one(t, workload_hash, n_requests) for t in traces]
     if len(per_trace) == 1:
-        return replace(per_trace[0], label=label, partial=partial)
+        only = per_trace[0]
+        gaps = [g for s in traces[0].sequences if s.ok for g in itl_gaps_ms(s)]
+        return replace(only, label=label, partial=partial, noise=latency_noise(_latencies(only.sequences, gaps)))
     seqs = tuple(s for r in per_trace for s in r.sequences)
     gaps = [g for t in traces for s in t.sequences if s.ok for g in itl_gaps_ms(s)]
     thr = [r.throughput for r in per_trace]
@@ -358,6 +360,8 @@ def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, l
 
 
 def _one(trace: RunTrace, workload_hash: str, n_requests: int) -> PerfResult:
+    """One repeat's figures; its percentile noise is left to `summarize`, which bootstraps the pooled
+    values once (a bootstrap per repeat would be thrown away)."""
     seqs = tuple(sequence_metrics(s) for s in trace.sequences)
     ok = [s for s in trace.sequences if s.ok]
     gaps = [g for s in ok for g in itl_gaps_ms(s)]
@@ -374,7 +378,6 @@ def _one(trace: RunTrace, workload_hash: str, n_requests: int) -> PerfResult:
         tpot=LatencyStats.of(latencies["tpot"]),
         itl=LatencyStats.of(gaps),
         e2e=LatencyStats.of(latencies["e2e"]),
-        noise=latency_noise(latencies),
         throughput=throughput(trace),
         kv=kv_stats(trace),
         gpu=gpu_stats(trace, out_tokens),

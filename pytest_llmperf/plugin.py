@@ -358,8 +358,8 @@ def _judge(item: pytest.Item) -> tuple[str, bool] | None:
         names = sorted({lim.marker.split("(")[0] for lim in point_limits})
         return (f"llmperf: {item.nodeid}: {', '.join(names)} judge llmperf.run results, and this test recorded only "
                 "sweeps; judge a curve with @pytest.mark.min_capacity(..., under={...})", False)
-    if results and not any(lim.metric == "error_rate" for lim in point_limits):
-        point_limits = [*point_limits, Limit("max_error_rate(0) [default]", "error_rate", 0.0, True)]
+    if results:
+        point_limits = assertions.with_default_error_limit(point_limits)
     try:
         violations = assertions.check(point_limits if results else [], results)
         violations += assertions.check_sweeps(curve_limits, sweeps)

@@ -89,9 +89,7 @@ def checker(limits: Sequence[Limit], retries: int) -> Callable[[PerfResult, Work
 
 
 def _violations(limits: Sequence[Limit], result: PerfResult) -> list[assertions.Violation]:
-    implicit = [] if any(lim.metric == "error_rate" for lim in limits) else [
-        Limit("max_error_rate(0) [default]", "error_rate", 0.0, True)]
-    return assertions.check([*limits, *implicit], [result])
+    return assertions.check(assertions.with_default_error_limit(limits), [result])
 
 
 def _deterministic(violations: Sequence[assertions.Violation], workload: Workload) -> bool:

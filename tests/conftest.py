@@ -1,3 +1,5 @@
+import contextlib
+
 import pytest
 
 pytest_plugins = ["pytester"]
@@ -15,3 +17,7 @@ def _engine_modules_loaded_once():
     engine = HFEngine(resolve_model("shape:tiny-llama"), {})
     engine.run(Workload.offline(2, 8, 3))
     engine.shutdown()
+    # vLLM registers torch custom types at import and refuses to do it twice: import its engine once
+    # here too, so that an inner run importing it first cannot leave it half-dropped for later tests
+    with contextlib.suppress(ImportError):
+        import vllm.v1.engine.async_llm  # noqa: F401

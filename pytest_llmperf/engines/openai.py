@@ -127,7 +127,7 @@ class OpenAIEngine(Engine):
         timeout = httpx.Timeout(self._cfg["request_timeout_s"], connect=10.0)
         async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=self._headers()) as client:
             scraper = _Scraper(client, self._metrics_url, self._cfg["metrics_interval_s"])
-            await scraper.first()
+            await scraper.scrape()
             scraping = asyncio.create_task(scraper.loop())
             start = time.perf_counter()
             slots = asyncio.Semaphore(workload.concurrency) if workload.concurrency else None
@@ -135,7 +135,7 @@ class OpenAIEngine(Engine):
                                              for i in range(len(workload.requests))))
             end = time.perf_counter()
             scraping.cancel()
-            await scraper.last()
+            await scraper.scrape()
         sequences = tuple(s for seqs in results for s in seqs)
         kv = scraper.samples()
         return RunTrace("openai", sequences, start, end, kv, kv_measures=KV_MEASURES if kv else frozenset(),
@@ -250,7 +250,7 @@ class _Scraper:
         self.blocks_total = self.block_size = 0
         self.available = interval > 0
 
-    async def _scrape(self) -> None:
+    async def scrape(self) -> None:
         if not self.available:
             return
         try:
@@ -277,16 +277,10 @@ class _Scraper:
                     self.block_size = int(sample.labels.get("block_size", "0") or 0)
         return values
 
-    async def first(self) -> None:
-        await self._scrape()
-
-    async def last(self) -> None:
-        await self._scrape()
-
     async def loop(self) -> None:
         while self.available:
             await asyncio.sleep(self.interval)
-            await self._scrape()
+            await self.scrape()
 
     def samples(self) -> tuple[KVSample, ...]:
         if len(self.rows) < 2 or not self.blocks_total or "usage" not in self.rows[0][1]:
