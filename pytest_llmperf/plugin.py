@@ -293,7 +293,7 @@ openai_engine_factory = pytest.fixture(_factory_fixture("openai"), name="openai_
 @pytest.fixture(scope="session")
 def vllm_server(llmperf_session: Session, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """`vllm serve` on a free loopback port for the session (`.base_url`, `.log_path`), the session's
-    model (a shape: dummy weights, no tokenizer); stopped at the end, also on failure and Ctrl-C."""
+    model (a shape: dummy weights, its word tokenizer); stopped at the end, also on failure and Ctrl-C."""
     from .engines.vllm import _is_cpu_build
     from .engines.vllm_server import VLLMServer
 

