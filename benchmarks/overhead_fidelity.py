@@ -10,6 +10,7 @@ the difference between when we saw the first/last token and when the engine core
 between our submit and the front end's arrival.
 
     python benchmarks/overhead_fidelity.py --pairs 5 --requests 256 [--config JSON]
+    (--config '{"llmperf_stream": "delta"}' measures the plugin streaming deltas to each request)
 Writes one JSON line to $OUT/overhead_fidelity.jsonl when OUT is set.
 """
 
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from pytest_llmperf import Workload
-from pytest_llmperf.engines.vllm import VLLMEngine, _is_cpu_build
+from pytest_llmperf.engines.vllm import STREAM_OPTION, VLLMEngine, _is_cpu_build
 from pytest_llmperf.gpu import detect
 from pytest_llmperf.models import resolve_model
 from pytest_llmperf.runner import LLMPerf
@@ -39,7 +40,8 @@ def bare_llm(model, config: dict, cpu: bool):
             "max_model_len": min(model.max_position_embeddings or 4096, 4096)}
     if cpu:
         args.update(block_size=32, dtype="bfloat16")
-    return LLM(**{**args, **config})
+    ours_only = {STREAM_OPTION}  # the plugin's own engine options; bare vLLM would refuse them
+    return LLM(**{**args, **{k: v for k, v in config.items() if k not in ours_only}})
 
 
 def bare_throughput(llm, workload: Workload, vocab: int, salt: int) -> float:

@@ -33,6 +33,8 @@ def test_streams_every_token_and_exposes_its_configuration(vllm_engine, llmperf)
     assert cfg["block_size"] == 32 and cfg["num_gpu_blocks"] == 160 and cfg["num_gpu_blocks_override"] == 160
     for key in ("max_num_batched_tokens", "enable_chunked_prefill", "async_scheduling", "enable_prefix_caching"):
         assert key in cfg
+    # the paging recorder rides on the scheduler vLLM would have picked itself
+    assert cfg["scheduler"] == ("AsyncScheduler" if cfg["async_scheduling"] else "Scheduler")
     assert vllm_engine.model_path.endswith("tiny-llama")
 
 

@@ -165,15 +165,30 @@ class HFEngine(Engine):
         cache = transformers.DynamicCache()
         clock = _StepClock(cache)
         device = self._cfg["device"]
-        with torch.inference_mode():
-            self._model.generate(
-                input_ids=input_ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new,
-                min_new_tokens=max_new, do_sample=False, past_key_values=cache, streamer=clock,
-                pad_token_id=pad, eos_token_id=None,
-            )
+        submit_of = dict(zip(batch, submits))
+        try:
+            with torch.inference_mode():
+                self._model.generate(
+                    input_ids=input_ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new,
+                    min_new_tokens=max_new, do_sample=False, past_key_values=cache, streamer=clock,
+                    pad_token_id=pad, eos_token_id=None,
+                )
+        except torch.OutOfMemoryError as e:
+            oom = str(e).splitlines()[0][:160]
+        else:
+            oom = None
+        if oom is not None:
+            # outside the except block, so that the traceback no longer holds generate's tensors: the
+            # memory goes back, the batch's requests fail with the reason, the next batch still runs
+            del cache, clock
+            gc.collect()
+            torch.cuda.empty_cache()
+            error = (f"out of GPU memory in a static batch of {len(rows)} rows x {width} prompt tokens: lower "
+                     f"max_batch_size or the prompt lengths ({oom})")
+            return [SequenceTrace(i, s, len(ids), out, submit_of[i], (), error)
+                    for (i, s, ids), out in zip(rows, outs)], []
         if len(clock.steps) < max_new:
             raise EngineError(f"transformers produced {len(clock.steps)} decode steps, {max_new} were asked for")
-        submit_of = dict(zip(batch, submits))
         seqs = [
             SequenceTrace(i, s, len(ids), out, submit_of[i],
                           tuple(Chunk(t, 1) for t, _ in clock.steps[:out]))

@@ -9,10 +9,11 @@ of 0.10.0-0.33.0 (research/vllm-internals.md).
   each `EngineCoreOutput` (`request_id`, `new_token_ids`) as the front end receives it; the request state
   (`request_states[id]`: `external_req_id`, `parent_req`, `request_index`) names the request and sample.
   Requests then ask for `RequestOutputKind.FINAL_ONLY`, so vLLM builds no per-step `RequestOutput` and no
-  per-request coroutine wakes per token: that streaming path cost 20-25% of throughput (docs/performance.md).
+  per-request coroutine wakes per token, and tokens are stamped earlier (docs/performance.md).
   Where the wrap is impossible, or with the engine option `llmperf_stream="delta"`, requests stream
   `DELTA` outputs and are stamped on receipt, as a streaming client of vLLM would (0.26, 0.32).
-- `scheduler_cls` set to the paging recorder, which writes per-step KV samples to a file the test
+- `scheduler_cls` set to the paging recorder (on `AsyncScheduler` or `Scheduler`, as vLLM would have
+  chosen: vllm_sampler.py), which writes per-step KV samples to a file the test
   process reads after each run (engine-core runs in its own process).
 - `reset_prefix_cache()` before each run so that a run never hits blocks cached by an earlier one.
 
@@ -37,7 +38,7 @@ from ..trace import Chunk, KVSample, RunTrace, SequenceTrace
 from ..workload import Workload
 from .base import Engine, EngineError, wait_for_turn
 
-SAMPLER = "pytest_llmperf.engines.vllm_sampler.PagingRecorder"
+SAMPLER = "pytest_llmperf.engines.vllm_sampler.recording_scheduler"
 MIN_VERSION = (0, 10, 0)
 # a CPU-sized default, bounded: the CPU backend would otherwise take a share of a NUMA node's memory
 CPU_KV_SPACE_GIB = "2"
@@ -172,6 +173,7 @@ class VLLMEngine(Engine):
             raise
         self.alive = True
         self._clock = _token_clock(self._llm, stream)
+        self._scheduler = self._scheduler_class()
         vcfg = self._llm.vllm_config
         self.max_model_len = int(vcfg.model_config.max_model_len)
         self.vocab_size = int(vcfg.model_config.get_vocab_size())
@@ -205,10 +207,12 @@ class VLLMEngine(Engine):
         except EngineError:
             raise
         except Exception as e:
+            hint = ("on a CPU set VLLM_CPU_KVCACHE_SPACE (GiB) or num_gpu_blocks_override, or lower max_model_len"
+                    if self._cpu else "raise gpu_memory_utilization (the share of the card vLLM may take), lower "
+                    "max_model_len or max_num_seqs, or free the card (nvidia-smi shows who holds it)")
             raise EngineError(
                 f"vLLM {self.version} failed to start {self.model.name!r}: {type(e).__name__}: {e}. The engine log "
-                "above names the cause; for KV-cache memory errors on a CPU set VLLM_CPU_KVCACHE_SPACE (GiB) or "
-                "num_gpu_blocks_override, or lower max_model_len"
+                f"above names the cause; for memory errors {hint}"
             ) from e
 
     def _resolved_config(self, vcfg: Any) -> dict[str, Any]:
@@ -229,6 +233,7 @@ class VLLMEngine(Engine):
             "enforce_eager": mc.enforce_eager,
             "device": "cpu" if self._cpu else "cuda",
             STREAM_OPTION: "clock" if self._clock is not None else "delta",
+            "scheduler": self._scheduler,
         }
         return {**resolved, **{k: v for k, v in self._user_config.items() if k not in resolved}}
 
@@ -347,6 +352,17 @@ class VLLMEngine(Engine):
         return [SequenceTrace(i, k, len(ids), req.output_len, submit, tuple(c), error, engine_times)
                 for k, c in enumerate(chunks)]
 
+    def _scheduler_class(self) -> str | None:
+        """The vLLM scheduler class the recorder runs on (`AsyncScheduler` where async scheduling is on),
+        as the recorder wrote it when the engine core built it."""
+        from .vllm_sampler import SCHEDULER_PREFIX
+
+        with open(self._trace_path) as f:
+            for line in f:
+                if line.startswith(SCHEDULER_PREFIX):
+                    return line[len(SCHEDULER_PREFIX):].strip()
+        return None
+
     def _read_kv_samples(self) -> tuple[KVSample, ...]:
         from .vllm_sampler import ERROR_PREFIX, FIELDS
 
@@ -354,7 +370,7 @@ class VLLMEngine(Engine):
             f.seek(self._trace_offset)
             text = f.read()
             self._trace_offset = f.tell()
-        lines = [ln for ln in text.splitlines() if ln]
+        lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
         broken = [ln[len(ERROR_PREFIX):] for ln in lines if ln.startswith(ERROR_PREFIX)]
         if broken or self._recorder_error:
             self._recorder_error = self._recorder_error or broken[0]
