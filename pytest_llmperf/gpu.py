@@ -188,14 +188,20 @@ def assign_device(worker: str | None, visible: str | None, count: int) -> tuple[
     return devices[n], int(devices[n]) if devices[n].isdigit() else n
 
 
-def memory_used(index: int) -> int:
+def memory_info(index: int) -> tuple[int, int, int]:
+    """(used, free, total) bytes of the device at NVML `index`."""
     import pynvml
 
     pynvml.nvmlInit()
     try:
-        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used)
+        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
+        return int(info.used), int(info.free), int(info.total)
     finally:
         pynvml.nvmlShutdown()
+
+
+def memory_used(index: int) -> int:
+    return memory_info(index)[0]
 
 
 def wait_for_release(index: int, limit_bytes: int, timeout_s: float = 60.0) -> float:

@@ -117,3 +117,19 @@ def test_three_rounds_do_not_grow_host_memory(vllm_engine_factory, hf_engine_fac
         rss.append(sum(p.memory_info().rss for p in procs if p.is_running()) / 2**20)
     print("host memory after each round (MiB):", [round(x) for x in rss])
     assert rss[2] - rss[1] < 300
+
+
+def test_too_little_free_gpu_memory_is_named_before_vllm_starts(monkeypatch):
+    """Plugin mechanics with a faked NVML reading (no GPU here; the real path runs in tests/gpu)."""
+    from pytest_llmperf import gpu
+    from pytest_llmperf.engines.vllm import VLLMEngine
+
+    gib = 1024**3
+    monkeypatch.setattr(gpu, "memory_info", lambda index: (100 * gib, 40 * gib, 140 * gib))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(EngineError, match=r"GPU 0 has 40.0 GiB free of 140.0 GiB, and gpu_memory_utilization=0.5 "
+                                          r"asks vLLM for 70.0 GiB: lower it"):
+        VLLMEngine._check_free_memory(0.5)
+    VLLMEngine._check_free_memory(0.25)  # 35 GiB fits in 40
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5b1c")  # no NVML index to check: left to vLLM
+    VLLMEngine._check_free_memory(0.5)

@@ -193,9 +193,35 @@ class VLLMEngine(Engine):
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_SPACE_GIB)
         args.update(config)
         try:
-            return AsyncEngineArgs(**args)
+            engine_args = AsyncEngineArgs(**args)
         except TypeError as e:
             raise EngineError(f"vLLM {self.version} does not take these engine options: {e}") from None
+        if not self._cpu and not getattr(engine_args, "kv_cache_memory_bytes", None):
+            self._check_free_memory(float(engine_args.gpu_memory_utilization))
+        return engine_args
+
+    @staticmethod
+    def _check_free_memory(share: float) -> None:
+        """vLLM refuses to start when the card has less free memory than its share of the whole, and its
+        reason stays in the engine-core log: say it in the error, with the numbers."""
+        from ..gpu import assign_device, memory_info
+
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible and not visible.split(",")[0].strip().isdigit():
+            return  # a UUID or MIG name: no NVML index to check, vLLM checks itself
+        index = assign_device(None, visible, 1)[1]
+        try:
+            _, free, total = memory_info(index)
+        except Exception:  # noqa: BLE001 - no NVML here: vLLM makes the same check itself
+            return
+        if free < share * total:
+            gib = 1024**3
+            raise EngineError(
+                f"GPU {index} has {free / gib:.1f} GiB free of {total / gib:.1f} GiB, and gpu_memory_utilization="
+                f"{share:g} asks vLLM for {share * total / gib:.1f} GiB: lower it with "
+                f"@pytest.mark.llmperf_engine(gpu_memory_utilization=...) or --llmperf-engine-config, or free the "
+                "card (nvidia-smi shows who holds it)"
+            )
 
     async def _start(self, config: dict[str, Any]) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM

@@ -51,7 +51,7 @@ def test_vllm_out_of_memory_at_start_is_clear_and_leaves_nothing_behind(vllm_eng
         torch.cuda.empty_cache()
     message = str(info.value)
     print("start-up OOM:", message[:600])
-    assert "failed to start" in message and "gpu_memory_utilization" in message
+    assert "GiB free of" in message and "gpu_memory_utilization=0.5 asks vLLM for" in message
     leftovers = [p for p in live_children() if p.pid not in children_before]
     assert not leftovers, f"engine processes outlived the failed start: {[p.name() for p in leftovers]}"
     after = settle(gpu, above=before + GIB)
