@@ -138,8 +138,12 @@ class OpenAIEngine(Engine):
             await scraper.scrape()
         sequences = tuple(s for seqs in results for s in seqs)
         kv = scraper.samples()
-        return RunTrace("openai", sequences, start, end, kv, kv_measures=KV_MEASURES if kv else frozenset(),
-                        extra={"server_version": self.version})
+        during = scraper.scrapes_within(start, end)
+        # a busy server can answer every scrape only after the run, when its usage gauge reads 0 again:
+        # then usage was not measured (counters are cumulative and stay right)
+        measures = (KV_MEASURES if during else KV_MEASURES - {"usage"}) if kv else frozenset()
+        return RunTrace("openai", sequences, start, end, kv, kv_measures=measures,
+                        extra={"server_version": self.version, "metrics_scrapes_during_run": during})
 
     def _payload(self, workload: Workload, i: int, salt: int) -> dict[str, Any]:
         req = workload.requests[i]
@@ -246,13 +250,15 @@ class _Scraper:
 
     def __init__(self, client: Any, url: str, interval: float) -> None:
         self.client, self.url, self.interval = client, url, interval
-        self.rows: list[tuple[float, dict[str, float]]] = []
+        self.rows: list[tuple[float, dict[str, float]]] = []  # (answer received, values)
+        self.sent: list[float] = []  # when each answered scrape was sent
         self.blocks_total = self.block_size = 0
         self.available = interval > 0
 
     async def scrape(self) -> None:
         if not self.available:
             return
+        sent = time.perf_counter()
         try:
             response = await self.client.get(self.url, timeout=5.0)
         except Exception:  # noqa: BLE001 - a busy server may miss one scrape; one that never answers has none
@@ -262,6 +268,11 @@ class _Scraper:
             self.available = False  # no /metrics here: no paging numbers over HTTP
             return
         self.rows.append((time.perf_counter(), self._parse(response.text)))
+        self.sent.append(sent)
+
+    def scrapes_within(self, start: float, end: float) -> int:
+        """Scrapes sent and answered while the run was in flight: only they can see its KV usage."""
+        return sum(1 for s, (t, _) in zip(self.sent, self.rows) if s >= start and t <= end)
 
     def _parse(self, text: str) -> dict[str, float]:
         from prometheus_client.parser import text_string_to_metric_families
