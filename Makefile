@@ -34,6 +34,7 @@ test: $(STAMP) lint
 # Results and the commands behind them go to docs/performance.md. The NVML benchmark needs a GPU.
 bench: $(STAMP)
 	$(PY) benchmarks/import_time.py
+	$(PY) benchmarks/time_to_verdict.py
 	$(PY) -c "import sys; from pytest_llmperf.gpu import device_count; sys.exit(0 if device_count() else 3)" \
 		&& $(PY) benchmarks/nvml_overhead.py --engine hf || echo "no GPU: benchmarks/nvml_overhead.py skipped"
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from . import assertions, engine_limits, gating, properties, pytest_benchmark_bridge
+from . import assertions, engine_limits, gating, properties, pytest_benchmark_bridge, soak
 from .assertions import Limit, MarkerError
 from .baseline import slug
 from .engines.base import Engine, EnginePool, default_engine
@@ -50,7 +50,8 @@ class Session:
     def describe(self) -> dict[str, Any]:
         gpu = asdict(self.gpu) if self.gpu else None
         return {"engine": self.engine_name, "model": self.model_spec, "hardware": self.hardware, "gpu": gpu,
-                "baseline_mode": self.gate.mode, "engine_config": self.engine_defaults}
+                "baseline_mode": self.gate.mode, "engine_config": self.engine_defaults,
+                "time_to_verdict_s": {**self.pool.times.summary(), "engine_starts": self.pool.starts}}
 
     def model(self) -> ModelSpec:
         if self.model_spec not in self.models:
@@ -121,6 +122,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--llmperf-retries", default=None, type=int,
                     help="property tests: measure a failing example this many more times before it counts (default 2)")
     parser.addini("llmperf_retries", "property tests: re-measurements of a failing example", default="2")
+    group.addoption("--llmperf-soak", default=1, type=int, metavar="N",
+                    help="run the selected tests N times back to back, round by round, and fail if host or GPU "
+                         "memory keeps growing between the last two rounds")
+    group.addoption("--llmperf-soak-limit-mib", default=soak.DEFAULT_LIMIT_MIB, type=float, metavar="MIB",
+                    help=f"allowed memory growth between the last two soak rounds (default {soak.DEFAULT_LIMIT_MIB:g})")
     group.addoption("--llmperf-report", default=None, metavar="DIR",
                     help="write results.json and summary.md there (and append the summary to $GITHUB_STEP_SUMMARY)")
     parser.addini("llmperf_report", "report folder", default="")
@@ -172,6 +178,13 @@ def pytest_configure(config: pytest.Config) -> None:
         server_options=parse_engine_config(_option(config, "server-config")),
     )
     config.pluginmanager.register(RecordCollector(config.stash[SESSION]), "llmperf-records")
+    rounds = config.getoption("--llmperf-soak")
+    if rounds < 1:
+        raise pytest.UsageError(f"--llmperf-soak={rounds}: give the number of rounds, 2 or more (1 is a plain run)")
+    if rounds > 1:
+        gpu_index = config.stash[SESSION].gpu.index if config.stash[SESSION].gpu else None
+        config.pluginmanager.register(soak.Soak(rounds, config.getoption("--llmperf-soak-limit-mib"), gpu_index),
+                                      "llmperf-soak")
 
 
 # Memory the test process itself may keep on the card after an engine is gone (its CUDA context and
@@ -208,8 +221,8 @@ def _release_waiter(gpu: GpuInfo | None) -> Callable[[], None] | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Tests that share an engine configuration run together, so each engine starts once.
-    items.sort(key=_engine_group)
+    # Tests that share an engine configuration run together, so each engine starts once (per soak round).
+    items.sort(key=lambda item: (soak.round_of(item), _engine_group(item)))
     properties.apply_profile(items, config)
 
 
@@ -252,7 +265,8 @@ def llmperf(request: pytest.FixtureRequest, llmperf_session: Session) -> LLMPerf
     """Runs workloads (`llmperf.run(engine, workload, repeats=1, warmup=True)`) and binds the
     results to this test, where the limit markers judge them."""
     gpu_index = llmperf_session.gpu.index if llmperf_session.gpu else None
-    perf = LLMPerf(test_id=request.node.nodeid, on_broken=llmperf_session.pool.discard, gpu_index=gpu_index)
+    perf = LLMPerf(test_id=request.node.nodeid, on_broken=llmperf_session.pool.discard, gpu_index=gpu_index,
+                   times=llmperf_session.pool.times)
     if properties.is_property_test(request.node):
         perf.check = properties.checker(request.node.stash.get(LIMITS, []), llmperf_session.retries)
     request.node.stash[PERF] = perf
@@ -489,6 +503,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     for row in rows:
         tr.write_line("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     tr.write_line(f"engines started: {state.pool.starts}; hardware class: {state.hardware}; model: {state.model_spec}")
+    tr.write_line(state.pool.times.line(state.pool.starts))
     if state.report_dir is not None and not hasattr(config, "workerinput"):  # xdist: the controller writes
         paths = write_report(state.report_dir, state.records, state.describe())
         tr.write_line("llmperf report: " + ", ".join(str(p) for p in paths))

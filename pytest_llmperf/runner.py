@@ -11,6 +11,7 @@ from .engines.base import Engine
 from .gpu import NvmlSampler
 from .metrics import PerfResult, summarize
 from .sweep import Sweep, SweepPoint, holds
+from .timing import PhaseTimes
 from .trace import RunTrace
 from .workload import Workload
 
@@ -34,6 +35,7 @@ class LLMPerf:
     # judges each result as it is made (Hypothesis tests: a violation must fail the example inside
     # the test body for shrinking to work); gets a function that measures the workload again
     check: Callable[[PerfResult, Workload, Callable[[], PerfResult]], None] | None = None
+    times: PhaseTimes = field(default_factory=PhaseTimes)  # the session's, where the plugin runs it
     sweeps: list[Sweep] = field(default_factory=list)
     results: list[PerfResult] = field(default_factory=list)
     engines: list[Engine] = field(default_factory=list)
@@ -46,7 +48,8 @@ class LLMPerf:
         traces: list[RunTrace] = []
         try:
             if warmup:
-                engine.run(_warmup_of(workload), salt=_WARMUP_SALT)
+                with self.times.timed("warm-up"):
+                    engine.run(_warmup_of(workload), salt=_WARMUP_SALT)
             for i in range(repeats):
                 traces.append(self._measured(engine, workload, salt=i))
         except BaseException:
@@ -122,6 +125,10 @@ class LLMPerf:
         self.workloads.append(workload)
 
     def _measured(self, engine: Engine, workload: Workload, salt: int) -> RunTrace:
+        with self.times.timed("measurement"):
+            return self._pass(engine, workload, salt)
+
+    def _pass(self, engine: Engine, workload: Workload, salt: int) -> RunTrace:
         if self.gpu_index is None:
             return engine.run(workload, salt=salt)
         with NvmlSampler(self.gpu_index, self.gpu_interval_s) as sampler:

@@ -32,6 +32,11 @@ def test_report_files_step_summary_and_pytest_benchmark(pytester, monkeypatch):
     assert res["label"] == "chat" and len(res["per_repeat"]) == 3 and res["deterministic"] is True
     assert res["summary"]["repeats"] == 3 and len(res["workload"]["requests"]) == 6
     assert test["environment"]["engine"] == "hf" and "max_batch_size" in test["environment"]["engine_config"]
+    # time to verdict, split by phase: one engine start, one warm-up pass, three measured passes
+    t = doc["session"]["time_to_verdict_s"]
+    assert t["engine_starts"] == 1 and min(t["engine start"], t["warm-up"], t["measurement"]) > 0
+    assert t["wall"] >= t["engine start"] + t["warm-up"] + t["measurement"] + t["engine stop"]
+    assert "time to verdict: " in result.stdout.str()
 
     summary = (pytester.path / "rep" / "summary.md").read_text()
     assert "| `test_r.py::test_chat` | chat |" in summary

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..models import ModelSpec
+from ..timing import PhaseTimes
 from ..trace import RunTrace
 from ..workload import Request, Workload
 
@@ -103,8 +104,9 @@ class EnginePool:
     different configuration shuts the live engine down (and frees its memory) before the next starts.
     """
 
-    def __init__(self, after_close: Callable[[], None] | None = None) -> None:
+    def __init__(self, after_close: Callable[[], None] | None = None, times: PhaseTimes | None = None) -> None:
         self._key: str | None = None
+        self.times = times or PhaseTimes()
         self._engine: Engine | None = None
         self._after_close = after_close  # e.g. wait until the GPU shows the engine's memory freed
         self.starts = 0
@@ -116,7 +118,8 @@ class EnginePool:
             return self._engine
         self.close()
         cls = engine_class(name)
-        self._engine = cls(model, dict(config))
+        with self.times.timed("engine start"):
+            self._engine = cls(model, dict(config))
         self._key = key
         self.starts += 1
         return self._engine
@@ -129,6 +132,7 @@ class EnginePool:
     def close(self) -> None:
         engine, self._engine, self._key = self._engine, None, None
         if engine is not None:
-            engine.shutdown()
-            if self._after_close is not None and engine.holds_device:
-                self._after_close()
+            with self.times.timed("engine stop"):
+                engine.shutdown()
+                if self._after_close is not None and engine.holds_device:
+                    self._after_close()

@@ -1,0 +1,107 @@
+"""`--llmperf-soak N`: the selected tests N times back to back in one session, round by round, with
+the host memory (this process and its engine processes) and the GPU memory (NVML) taken after each
+round. Memory that keeps growing between the last two rounds beyond `--llmperf-soak-limit-mib` fails
+the session: a leak that one run of the suite would hide.
+
+Each test is parametrised with its round (`[round2]` in its id), so round N of every test runs before
+round N + 1 of any; engines stay shared within and across rounds as usual.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+ROUND = "llmperf_soak_round"
+DEFAULT_LIMIT_MIB = 256.0
+MIB = 1024**2
+
+
+@dataclass(frozen=True)
+class RoundMemory:
+    round: int
+    host_mib: float
+    gpu_mib: float | None
+
+
+def round_of(item: pytest.Item) -> int:
+    callspec = getattr(item, "callspec", None)
+    return int(callspec.params.get(ROUND, 1)) if callspec is not None else 1
+
+
+def host_memory_mib() -> float:
+    """Resident memory of this process and every process it started (engine cores, servers)."""
+    try:
+        import psutil
+    except ImportError:
+        raise pytest.UsageError("--llmperf-soak measures host memory with psutil: pip install psutil") from None
+    procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:  # exited between listing and reading
+            continue
+    return total / MIB
+
+
+class Soak:
+    """Registered by the plugin when `--llmperf-soak` is above 1."""
+
+    def __init__(self, rounds: int, limit_mib: float, gpu_index: int | None) -> None:
+        self.rounds, self.limit_mib, self.gpu_index = rounds, limit_mib, gpu_index
+        self.memory: list[RoundMemory] = []
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        metafunc.fixturenames.append(ROUND)
+        metafunc.parametrize(ROUND, range(1, self.rounds + 1), ids=lambda n: f"round{n}")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
+        if nextitem is None or round_of(nextitem) != round_of(item):
+            self.memory.append(RoundMemory(round_of(item), host_memory_mib(), self._gpu_mib()))
+
+    def _gpu_mib(self) -> float | None:
+        if self.gpu_index is None:
+            return None
+        from .gpu import memory_used
+
+        return memory_used(self.gpu_index) / MIB
+
+    def growth(self) -> dict[str, float]:
+        """Growth between the last two rounds, MiB."""
+        if len(self.memory) < 2:
+            return {}
+        a, b = self.memory[-2], self.memory[-1]
+        out = {"host": b.host_mib - a.host_mib}
+        if a.gpu_mib is not None and b.gpu_mib is not None:
+            out["gpu"] = b.gpu_mib - a.gpu_mib
+        return out
+
+    def verdict(self) -> str | None:
+        """A message when memory grew beyond the limit between the last two rounds, else None."""
+        over = {k: v for k, v in self.growth().items() if v > self.limit_mib}
+        if not over:
+            return None
+        grown = ", ".join(f"{k} +{v:.0f} MiB" for k, v in over.items())
+        return (f"llmperf soak: memory grew between rounds {self.memory[-2].round} and {self.memory[-1].round}: "
+                f"{grown} (limit {self.limit_mib:.0f} MiB, --llmperf-soak-limit-mib)")
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.verdict() is not None and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        tr = terminalreporter
+        tr.section("llmperf soak")
+        for m in self.memory:
+            gpu = f", GPU {m.gpu_mib:.0f} MiB" if m.gpu_mib is not None else ""
+            tr.write_line(f"after round {m.round}: host {m.host_mib:.0f} MiB{gpu}")
+        problem = self.verdict()
+        if problem:
+            tr.write_line(problem, red=True)
+        elif len(self.memory) >= 2:
+            growth = ", ".join(f"{k} {v:+.0f} MiB" for k, v in self.growth().items())
+            tr.write_line(f"no growth beyond {self.limit_mib:.0f} MiB between the last two rounds ({growth})")
