@@ -7,6 +7,7 @@ hardware class is "cpu".
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -220,3 +221,35 @@ def wait_for_release(index: int, limit_bytes: int, timeout_s: float = 60.0) -> f
                 "leaked; check nvidia-smi before measuring"
             )
         time.sleep(0.2)
+
+
+_BANDWIDTH_PROBE = """
+import sys, torch
+n = 1 << 30
+a = torch.empty(n, dtype=torch.uint8, device="cuda")
+b = torch.empty_like(a)
+for _ in range(3):
+    b.copy_(a)
+start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+start.record()
+for _ in range(20):
+    b.copy_(a)
+end.record()
+torch.cuda.synchronize()
+print(2 * n * 20 / (start.elapsed_time(end) / 1e3))  # each copy reads and writes n bytes
+"""
+
+
+def measure_bandwidth(index: int, timeout_s: float = 120.0) -> float | None:
+    """Device memory bandwidth (bytes/s) from 1 GiB device-to-device copies, in a child process so that
+    no CUDA context stays behind in this one; None where it cannot be measured."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(index)}
+    try:
+        out = subprocess.run([sys.executable, "-c", _BANDWIDTH_PROBE], capture_output=True, text=True,
+                             timeout=timeout_s, env=env)
+        return float(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
+    except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
+        return None

@@ -83,6 +83,9 @@ class GpuStats:
     power_mean_w: float | None = None
     # (peak - idle) / the most sequences in flight at once
     memory_per_request_mib: float | None = None
+    # time the busy engine steps must take at the device's memory bandwidth (weights + KV read per
+    # step) over the time they took; 1.0 is the roofline (meaningful for decode-dominated workloads)
+    roofline_fraction: float | None = None
     # (seconds since run start, device memory used GiB), for plots
     timeline: tuple[tuple[float, float], ...] = field(default=(), repr=False)
 
@@ -182,7 +185,7 @@ def flat_metrics(r: PerfResult) -> dict[str, float | None]:
               "preemptions", "prefix_hit_rate"):
         out[f"kv_{k}"] = getattr(r.kv, k)
     for k in ("memory_peak_gib", "memory_peak_fraction", "framework_peak_gib", "energy_per_token_j",
-              "memory_per_request_mib"):
+              "memory_per_request_mib", "roofline_fraction"):
         out[f"gpu_{k}"] = getattr(r.gpu, k)
     return out
 
@@ -265,7 +268,7 @@ def gpu_stats(trace: RunTrace, output_tokens: int) -> GpuStats:
     g = trace.gpu
     framework = trace.framework_peak_bytes / _GIB if trace.framework_peak_bytes is not None else None
     if not g:
-        return GpuStats(framework_peak_gib=framework)
+        return GpuStats(framework_peak_gib=framework, roofline_fraction=roofline_fraction(trace))
     energy = None
     if g[0].energy_mj is not None and g[-1].energy_mj is not None and output_tokens:
         energy = (g[-1].energy_mj - g[0].energy_mj) / 1e3 / output_tokens
@@ -283,7 +286,24 @@ def gpu_stats(trace: RunTrace, output_tokens: int) -> GpuStats:
         energy_per_token_j=energy,
         utilization_mean_pct=float(np.mean(util)) if util else None,
         power_mean_w=float(np.mean(power)) if power else None,
+        roofline_fraction=roofline_fraction(trace),
     )
+
+
+def roofline_fraction(trace: RunTrace) -> float | None:
+    """Sum over busy steps of (weights + KV bytes held) / bandwidth, over the time those steps took
+    (from each step's sample to the next, the last one to the end of the run)."""
+    roof, kv = trace.roofline, trace.kv
+    if roof is None or not kv or roof.bandwidth_bytes_per_s <= 0:
+        return None
+    floor = took = 0.0
+    ends = [k.t for k in kv[1:]] + [trace.end_t]
+    for k, end in zip(kv, ends):
+        if k.running == 0 or end <= k.t:
+            continue
+        floor += (roof.weight_bytes + roof.kv_bytes_per_token * k.tokens_stored) / roof.bandwidth_bytes_per_s
+        took += end - k.t
+    return floor / took if took > 0 else None
 
 
 NOISE_PERCENTILES = (50, 99)
@@ -436,4 +456,5 @@ def _worst_gpu(gpus: Sequence[GpuStats]) -> GpuStats:
         energy_per_token_j=_mean_or_none([g.energy_per_token_j for g in gpus]),
         utilization_mean_pct=_mean_or_none([g.utilization_mean_pct for g in gpus]),
         power_mean_w=_mean_or_none([g.power_mean_w for g in gpus]),
+        roofline_fraction=_min_or_none([g.roofline_fraction for g in gpus]),
     )

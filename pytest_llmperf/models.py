@@ -84,6 +84,37 @@ def _write_if_changed(target: Path, text: str) -> bool:
     return True
 
 
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8": 1, "fp8": 1}
+GATED_MLP = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3"}  # gate, up and down projections
+UNTIED_BY_DEFAULT = {"llama", "mistral", "qwen2"}  # transformers' default when config.json does not say
+
+
+def footprint(config: dict, dtype: str) -> tuple[int, int] | None:
+    """(weight bytes, KV-cache bytes per token) of a decoder from its config.json, biases and norms left
+    out (well under 1%); None for an architecture this does not know."""
+    try:
+        h, layers, heads = int(config["hidden_size"]), int(config["num_hidden_layers"]), int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or h // heads)
+        ffn = int(config.get("intermediate_size") or config["ffn_dim"])
+        vocab = int(config["vocab_size"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    size = DTYPE_BYTES.get(str(dtype).replace("torch.", ""), 2)
+    mlp = (3 if config.get("model_type") in GATED_MLP else 2) * h * ffn
+    attention = 2 * h * heads * head_dim + 2 * h * kv_heads * head_dim  # q and o, k and v
+    tied = config.get("tie_word_embeddings", config.get("model_type") not in UNTIED_BY_DEFAULT)
+    embeddings = vocab * h * (1 if tied else 2)
+    weights = (embeddings + layers * (attention + mlp)) * size
+    return weights, 2 * layers * kv_heads * head_dim * size
+
+
+def model_config(model: ModelSpec) -> dict | None:
+    """The config.json of a resolved model, where there is a local one (shapes and folders)."""
+    path = Path(model.path) / "config.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def resolve_model(spec: str, cache_dir: str | None = None) -> ModelSpec:
     """Turn `--llmperf-model` into something an engine can load (no download happens here)."""
     if spec.startswith(SHAPE_PREFIX):

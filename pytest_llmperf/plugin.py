@@ -20,11 +20,22 @@ from . import assertions, engine_limits, gating, properties, pytest_benchmark_br
 from .assertions import Limit, MarkerError
 from .baseline import slug
 from .engines.base import Engine, EnginePool, default_engine
-from .gpu import KNOWN_CLASSES, GpuError, GpuInfo, assign_device, detect, device_count, memory_used, wait_for_release
-from .models import DEFAULT_MODEL, ModelSpec, resolve_model
+from .gpu import (
+    KNOWN_CLASSES,
+    GpuError,
+    GpuInfo,
+    assign_device,
+    detect,
+    device_count,
+    measure_bandwidth,
+    memory_used,
+    wait_for_release,
+)
+from .models import DEFAULT_MODEL, ModelSpec, footprint, model_config, resolve_model
 from .report import HEADLINE, TestRecord, cell, result_name, result_record
 from .report import write as write_report
 from .runner import LLMPerf
+from .trace import Roofline
 
 ENGINE_MARKER = "llmperf_engine"
 
@@ -46,6 +57,21 @@ class Session:
     openai_defaults: dict[str, Any] = field(default_factory=dict)
     server_options: dict[str, Any] = field(default_factory=dict)
     records: list[TestRecord] = field(default_factory=list)
+    bandwidth: float | None = None  # bytes/s of this GPU's memory, measured on first use (0: not measurable)
+
+    def roofline(self, engine: Engine) -> Roofline | None:
+        """The engine's memory-bandwidth floor on this GPU: its weights and KV bytes per token from the
+        model's config.json, the bandwidth measured once per session."""
+        model = getattr(engine, "model", None)
+        if self.gpu is None or not engine.holds_device or not isinstance(model, ModelSpec):
+            return None
+        config = model_config(model)
+        sizes = footprint(config, str(engine.config.get("dtype", "bfloat16"))) if config else None
+        if sizes is None:
+            return None
+        if self.bandwidth is None:
+            self.bandwidth = measure_bandwidth(self.gpu.index) or 0.0
+        return Roofline(*sizes, self.bandwidth) if self.bandwidth else None
 
     def describe(self) -> dict[str, Any]:
         gpu = asdict(self.gpu) if self.gpu else None
@@ -266,7 +292,7 @@ def llmperf(request: pytest.FixtureRequest, llmperf_session: Session) -> LLMPerf
     results to this test, where the limit markers judge them."""
     gpu_index = llmperf_session.gpu.index if llmperf_session.gpu else None
     perf = LLMPerf(test_id=request.node.nodeid, on_broken=llmperf_session.pool.discard, gpu_index=gpu_index,
-                   times=llmperf_session.pool.times)
+                   times=llmperf_session.pool.times, roofline_of=llmperf_session.roofline)
     if properties.is_property_test(request.node):
         perf.check = properties.checker(request.node.stash.get(LIMITS, []), llmperf_session.retries)
     request.node.stash[PERF] = perf

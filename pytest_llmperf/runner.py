@@ -12,7 +12,7 @@ from .gpu import NvmlSampler
 from .metrics import PerfResult, summarize
 from .sweep import Sweep, SweepPoint, holds
 from .timing import PhaseTimes
-from .trace import RunTrace
+from .trace import Roofline, RunTrace
 from .workload import Workload
 
 WARMUP_REQUESTS = 4
@@ -32,6 +32,7 @@ class LLMPerf:
     on_broken: Callable[[Engine], None] | None = None
     gpu_index: int | None = None  # sample this device with NVML during every measured pass
     gpu_interval_s: float = 0.01
+    roofline_of: Callable[[Engine], Roofline | None] | None = None  # the engine's floor on this GPU
     # judges each result as it is made (Hypothesis tests: a violation must fail the example inside
     # the test body for shrinking to work); gets a function that measures the workload again
     check: Callable[[PerfResult, Workload, Callable[[], PerfResult]], None] | None = None
@@ -135,7 +136,8 @@ class LLMPerf:
             trace = engine.run(workload, salt=salt)
         if sampler.error:
             warnings.warn(f"llmperf: {sampler.error}; GPU figures cover only the samples before it", stacklevel=3)
-        return replace(trace, gpu=sampler.samples)
+        roofline = self.roofline_of(engine) if self.roofline_of is not None else None
+        return replace(trace, gpu=sampler.samples, roofline=roofline)
 
 
 def _sweep_values(concurrency: Sequence[int] | None, rates: Sequence[float] | None) -> tuple[str, list[float]]:

@@ -88,6 +88,16 @@ class GpuSample:
 
 
 @dataclass(frozen=True)
+class Roofline:
+    """The memory-bandwidth floor of a decode step on this device: every step reads all the weights and
+    the KV cache it holds, at the bandwidth measured on the device."""
+
+    weight_bytes: int
+    kv_bytes_per_token: int
+    bandwidth_bytes_per_s: float
+
+
+@dataclass(frozen=True)
 class RunTrace:
     """Everything one pass of a workload through an engine produced."""
 
@@ -100,6 +110,7 @@ class RunTrace:
     # what the engine can tell: the names of KV metrics it measures (see metrics.KV_FIELDS)
     kv_measures: frozenset[str] = field(default_factory=frozenset)
     framework_peak_bytes: int | None = None
+    roofline: Roofline | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

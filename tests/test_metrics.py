@@ -2,7 +2,7 @@
 
 import pytest
 
-from pytest_llmperf.metrics import summarize
+from pytest_llmperf.metrics import roofline_fraction, summarize
 from pytest_llmperf.trace import Chunk, KVSample, RunTrace, SequenceTrace
 
 
@@ -102,3 +102,31 @@ def test_gpu_figures_from_nvml_samples():
     assert g.energy_per_token_j == pytest.approx(900 / 6)
     assert g.utilization_mean_pct == pytest.approx(70) and g.power_mean_w == pytest.approx(400)
 
+
+
+def test_roofline_fraction_is_the_bandwidth_floor_over_the_busy_time():
+    from pytest_llmperf.trace import Roofline
+
+    kv = (KVSample(10.0, 1, 10, 16, 100, running=2, waiting=0),  # floor (100 + 100) / 1000 = 0.2 s, took 1 s
+          KVSample(11.0, 1, 10, 16, 200, running=1, waiting=0),  # floor 0.3 s, took 1 s
+          KVSample(12.0, 0, 10, 16, 0, running=0, waiting=0))  # idle: not counted
+    trace = RunTrace("fake", (seq(0, 10.0, [10.5, 11.5]),), 10.0, 13.0, kv, roofline=Roofline(100, 1, 1000.0))
+    assert roofline_fraction(trace) == pytest.approx(0.5 / 2)
+    assert roofline_fraction(RunTrace("fake", (), 0.0, 1.0, kv)) is None  # no roofline known: not measured
+
+
+def test_model_footprint_matches_the_parameters_transformers_builds():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from pytest_llmperf.models import available_shapes, footprint, shape_config
+
+    for name in available_shapes():
+        config = shape_config(name)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
+        params = sum(p.numel() for p in model.parameters())
+        weights, _ = footprint(config, "bfloat16")
+        assert weights == pytest.approx(2 * params, rel=0.01), name
+    # Llama-3.1-8B: 32 layers x 8 KV heads x 128 dims, K and V, bf16: 128 KiB per token
+    assert footprint(shape_config("llama-3.1-8b"), "bfloat16")[1] == 128 * 1024
+    assert footprint({"hidden_size": 8}, "bfloat16") is None

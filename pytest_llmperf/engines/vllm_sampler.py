@@ -1,11 +1,10 @@
 """The paging recorder, run inside vLLM's engine-core process as `scheduler_cls`.
 
 `scheduler_cls` names `recording_scheduler`, which builds the recorder on the scheduler vLLM itself
-would have chosen: `AsyncScheduler` when the engine runs with async scheduling (the GPU default since
-0.11; a plain `Scheduler` subclass there would lose the overlap of scheduling with the forward pass:
-vLLM warns of "degraded performance", and the H200 measured 30% less throughput), `Scheduler`
-otherwise (the CPU backend). The recorder writes `#scheduler=<vLLM class>` first, so the adapter can
-say which one ran.
+would have chosen: `AsyncScheduler` when the engine runs with async scheduling (the GPU default in
+0.26; with a plain `Scheduler` subclass vLLM gives up the overlap of scheduling with the forward pass
+and warns of "degraded performance"), `Scheduler` otherwise (the CPU backend in 0.32). The recorder
+writes `#scheduler=<vLLM class>` first, so the adapter can say which one ran.
 
 vLLM's v1 engine core owns the block pool and runs in its own process, so the recorder is a
 `Scheduler` subclass (the one hook that reaches `kv_cache_manager` with multiprocessing on, in every v1

@@ -27,3 +27,13 @@ def test_async_scheduling_keeps_the_recorder_and_an_exact_fingerprint(vllm_engin
     print(f"{blocks} blocks: {[fingerprint(r)[:4] for r in runs]}, {runs[0].throughput.output_tokens_per_s:.0f} tok/s")
     assert fingerprint(runs[0]) == fingerprint(runs[1]) == fingerprint(runs[2])
     assert (runs[0].kv.preemptions > 0) == (blocks == 256)
+
+
+def test_roofline_fraction_of_a_decode_dominated_run(vllm_engine_factory, llmperf, llmperf_session):
+    """Run with --llmperf-model shape:llama-3.2-1b and shape:llama-3.1-8b for the figures in
+    docs/performance.md; the tiny default shape is far from its roofline (kernel launches dominate)."""
+    engine = vllm_engine_factory(gpu_memory_utilization=0.5)
+    r = llmperf.run(engine, Workload.offline(128, prompt_len=32, output_len=512, seed=3))
+    print(f"{engine.model.name}: {r.throughput.output_tokens_per_s:.0f} out tok/s, roofline fraction "
+          f"{r.gpu.roofline_fraction}, measured bandwidth {llmperf_session.bandwidth / 1e12:.2f} TB/s")
+    assert r.gpu.roofline_fraction is not None and 0 < r.gpu.roofline_fraction <= 1.0
