@@ -19,6 +19,8 @@ import os
 import sys
 from pathlib import Path
 
+from _emit import emit
+
 from pytest_llmperf import Workload
 from pytest_llmperf import baseline as bl
 from pytest_llmperf.engines.vllm import VLLMEngine
@@ -104,10 +106,7 @@ def main() -> int:
                       for e in runs] for name, runs in measured.items()}
     out = {"model": args.model, "config": base, "repeats": args.repeats, "runs": args.runs,
            "requests": args.requests, "mean_step_ms": step_s * 1e3, "cases": table, "throughput_ratios": changes}
-    print(json.dumps(out))
-    if os.environ.get("OUT"):
-        with open(Path(os.environ["OUT"]) / "detection_power.jsonl", "a") as f:
-            f.write(json.dumps(out) + "\n")
+    emit("detection_power", out)
     return 0
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-from pathlib import Path
+
+from _emit import emit
 
 from pytest_llmperf import Workload
 from pytest_llmperf.engines.base import EnginePool
@@ -50,11 +50,7 @@ def main() -> int:
            "interval_s": args.interval, "pairs": args.pairs, "requests": args.requests,
            "median_ratio": statistics.median(ratios), "min_ratio": min(ratios), "max_ratio": max(ratios),
            "pass_s": round(last.duration_s, 3)}
-    print(json.dumps(row))
-    out = os.environ.get("OUT")
-    if out:
-        with open(Path(out) / "nvml_overhead.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")
+    emit("nvml_overhead", row)
     pool.close()
     return 0
 

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
+from _emit import emit
 
 from pytest_llmperf import Workload
 from pytest_llmperf.engines.vllm import STREAM_OPTION, VLLMEngine, _is_cpu_build
@@ -107,10 +106,7 @@ def main() -> int:
     row = {"vllm": vllm.__version__, "device": gpu.name if gpu else "cpu", "model": args.model, "config": config,
            "requests": args.requests, "pairs": args.pairs, "median_ratio": round(statistics.median(ratios), 4),
            "min_ratio": round(min(ratios), 4), "max_ratio": round(max(ratios), 4), "fidelity": fidelity(traces)}
-    print(json.dumps(row))
-    if os.environ.get("OUT"):
-        with open(Path(os.environ["OUT"]) / "overhead_fidelity.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")
+    emit("overhead_fidelity", row)
     ours.shutdown()
     return 0
 

@@ -9,12 +9,13 @@ Writes one JSON line to $OUT/time_to_verdict.jsonl when OUT is set.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _emit import emit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,10 +35,7 @@ def main(extra: list[str]) -> int:
     outcomes = [line for line in proc.stdout.splitlines() if " passed" in line or " failed" in line][-1:]
     row = {"process_wall_s": round(outside, 1), **phases, "tests": len(doc["tests"]),
            "outcome": outcomes[0].strip("= ") if outcomes else "", "pytest_rc": proc.returncode}
-    print(json.dumps(row))
-    if os.environ.get("OUT"):
-        with open(Path(os.environ["OUT"]) / "time_to_verdict.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")
+    emit("time_to_verdict", row)
     return 0
 
 
