@@ -32,3 +32,53 @@ def test_hardware_classes_from_device_names():
              "AMD Instinct MI300X": "mi300x", "NVIDIA GH200 480GB": "gh200", None: "cpu",
              "NVIDIA RTX 6000 Ada Generation": "rtx-6000-ada-generation"}
     assert {n: classify(n) for n in names} == names
+
+
+class FakeNvml:
+    """A stand-in for pynvml (no GPU here) whose memory query starts failing after `good` calls, as a
+    card that falls off the bus would: plugin mechanics only."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, good):
+        self.good, self.calls = good, 0
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return type("U", (), {"gpu": 50})()
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 100_000
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        return 1_000 * self.calls
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        self.calls += 1
+        if self.calls > self.good:
+            raise self.NVMLError("Unknown Error (GPU is lost)")
+        return type("M", (), {"used": 2 << 30, "total": 8 << 30})()
+
+
+def test_nvml_failing_mid_run_keeps_the_measured_run_and_warns(monkeypatch, hf_engine):
+    import sys
+
+    from pytest_llmperf import Workload
+    from pytest_llmperf.runner import LLMPerf
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(good=3))
+    perf = LLMPerf(gpu_index=0, gpu_interval_s=0.001)
+    with pytest.warns(UserWarning, match="NVML failed during the run: Unknown Error .GPU is lost.; GPU figures cover "
+                                         "only the samples before it"):
+        r = perf.run(hf_engine, Workload.offline(4, prompt_len=(16, 32), output_len=(8, 16), seed=1), warmup=False)
+    assert r.failed == 0 and r.ttft.count == 4  # the measured run stands
+    assert r.gpu.memory_peak_gib == pytest.approx(2.0)  # from the samples taken before the failure
