@@ -30,11 +30,12 @@ def test_concurrency_sweep_with_memory_per_concurrency(vllm_engine, llmperf):
     assert max(per_request) < 2 * min(per_request)
 
 
-def test_vllm_and_transformers_on_the_same_sweep(vllm_engine_factory, hf_engine_factory, llmperf):
+@pytest.mark.llmperf_engine(num_gpu_blocks_override=512)  # runs next to the sweep above: one vLLM start for both
+def test_vllm_and_transformers_on_the_same_sweep(vllm_engine, hf_engine_factory, llmperf):
     """The seed comparison: continuous batching with paging against static batching, same workloads."""
     levels = [1, 4, 16]
+    vllm = llmperf.sweep(vllm_engine, chat, concurrency=levels, label="vllm")  # before the pool swaps it for hf
     hf = llmperf.sweep(hf_engine_factory(max_batch_size=16), chat, concurrency=levels, label="hf")
-    vllm = llmperf.sweep(vllm_engine_factory(num_gpu_blocks_override=512), chat, concurrency=levels, label="vllm")
     for a, b in zip(hf.points, vllm.points):
         print(f"concurrency {a.value:g}: hf {a.result.throughput.output_tokens_per_s:.0f} tok/s, "
               f"vllm {b.result.throughput.output_tokens_per_s:.0f} tok/s")
