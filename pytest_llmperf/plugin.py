@@ -1,7 +1,7 @@
-"""pytest hooks, options, fixtures and the terminal summary. Knows nothing of how engines work.
+"""pytest hooks, options and the terminal summary. Knows nothing of how engines work.
 
 A limit marker is validated before the test runs (bad input errors without spending a workload),
-the test body records results through the `llmperf` fixture, and the limits are judged in
+the test body records results through the `llmperf` fixture (fixtures.py), and the limits are judged in
 `pytest_runtest_makereport`: a violation fails that test's report, as pytest-memray's limit markers do.
 """
 
@@ -10,92 +10,34 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from . import assertions, engine_limits, gating, properties, pytest_benchmark_bridge, soak
+from . import assertions, gating, properties, pytest_benchmark_bridge, soak
 from .assertions import Limit, MarkerError
 from .baseline import slug
-from .engines.base import Engine, EnginePool, default_engine
-from .gpu import (
-    KNOWN_CLASSES,
-    GpuError,
-    GpuInfo,
-    assign_device,
-    detect,
-    device_count,
-    measure_bandwidth,
-    memory_used,
-    wait_for_release,
+from .engines.base import EnginePool, default_engine
+from .fixtures import (  # noqa: F401 - pytest finds a plugin's fixtures in its module
+    gpu_fixture,
+    hf_engine,
+    hf_engine_factory,
+    llm_engine,
+    llmperf,
+    llmperf_session,
+    openai_engine_factory,
+    vllm_engine,
+    vllm_engine_factory,
+    vllm_server,
 )
-from .models import DEFAULT_MODEL, ModelSpec, footprint, model_config, resolve_model
+from .gpu import KNOWN_CLASSES, GpuError, GpuInfo, assign_device, detect, device_count, memory_used, wait_for_release
+from .models import DEFAULT_MODEL
 from .report import HEADLINE, TestRecord, cell, result_name, result_record
 from .report import write as write_report
 from .runner import LLMPerf
-from .trace import Roofline
-
-ENGINE_MARKER = "llmperf_engine"
-
-
-@dataclass
-class Session:
-    """Per-session state, kept in `config.stash` (no module globals)."""
-
-    engine_name: str
-    model_spec: str
-    engine_defaults: dict[str, Any]
-    hardware: str
-    gpu: GpuInfo | None
-    gate: gating.GateConfig
-    pool: EnginePool = field(default_factory=EnginePool)
-    models: dict[str, ModelSpec] = field(default_factory=dict)
-    report_dir: Path | None = None
-    retries: int = 2
-    openai_defaults: dict[str, Any] = field(default_factory=dict)
-    server_options: dict[str, Any] = field(default_factory=dict)
-    records: list[TestRecord] = field(default_factory=list)
-    bandwidth: float | None = None  # bytes/s of this GPU's memory, measured on first use (0: not measurable)
-
-    def roofline(self, engine: Engine) -> Roofline | None:
-        """The engine's memory-bandwidth floor on this GPU: its weights and KV bytes per token from the
-        model's config.json, the bandwidth measured once per session."""
-        model = getattr(engine, "model", None)
-        if self.gpu is None or not engine.holds_device or not isinstance(model, ModelSpec):
-            return None
-        config = model_config(model)
-        sizes = footprint(config, str(engine.config.get("dtype", "bfloat16"))) if config else None
-        if sizes is None:
-            return None
-        if self.bandwidth is None:
-            self.bandwidth = measure_bandwidth(self.gpu.index) or 0.0
-        return Roofline(*sizes, self.bandwidth) if self.bandwidth else None
-
-    def describe(self) -> dict[str, Any]:
-        gpu = asdict(self.gpu) if self.gpu else None
-        return {"engine": self.engine_name, "model": self.model_spec, "hardware": self.hardware, "gpu": gpu,
-                "baseline_mode": self.gate.mode, "engine_config": self.engine_defaults,
-                "time_to_verdict_s": {**self.pool.times.summary(), "engine_starts": self.pool.starts}}
-
-    def model(self) -> ModelSpec:
-        if self.model_spec not in self.models:
-            self.models[self.model_spec] = resolve_model(self.model_spec)
-        return self.models[self.model_spec]
-
-    def engine(self, name: str, config: dict[str, Any]) -> Engine:
-        # CLI/ini engine options are written for the session's engine; another engine (hf beside vLLM
-        # in a comparison test) would reject them
-        defaults = self.engine_defaults if name == self.engine_name else {}
-        if name == "openai":
-            defaults = {**self.openai_defaults, **defaults}
-        return self.pool.get(name, self.model(), {**defaults, **config})
-
-
-SESSION = pytest.StashKey[Session]()
-LIMITS = pytest.StashKey[list[Limit]]()
-PERF = pytest.StashKey[LLMPerf]()
+from .session import ENGINE_MARKER, LIMITS, PERF, SESSION, Session, engine_options
 
 
 # -- options ---------------------------------------------------------------------------------------
@@ -254,7 +196,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _engine_group(item: pytest.Item) -> str:
     try:
-        return repr(sorted(_engine_options(item).items()))
+        return repr(sorted(engine_options(item).items()))
     except MarkerError:
         return ""  # reported at setup, with the test's name
 
@@ -265,94 +207,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         state.pool.close()
 
 
-# -- fixtures --------------------------------------------------------------------------------------
-def _engine_options(item: pytest.Item) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for mark in reversed(list(item.iter_markers(ENGINE_MARKER))):  # module first, the test's own last
-        if mark.args:
-            raise MarkerError(f"@pytest.mark.{ENGINE_MARKER} takes keyword options only, got {mark.args!r}")
-        options.update(mark.kwargs)
-    return options
-
-
-@pytest.fixture(scope="session")
-def llmperf_session(pytestconfig: pytest.Config) -> Session:
-    return pytestconfig.stash[SESSION]
-
-
-@pytest.fixture(scope="session")
-def gpu(llmperf_session: Session) -> GpuInfo | None:
-    """The GPU this worker uses (name, hardware_class, memory, driver, CUDA, compute capability), or None."""
-    return llmperf_session.gpu
-
-
-@pytest.fixture
-def llmperf(request: pytest.FixtureRequest, llmperf_session: Session) -> LLMPerf:
-    """Runs workloads (`llmperf.run(engine, workload, repeats=1, warmup=True)`) and binds the
-    results to this test, where the limit markers judge them."""
-    gpu_index = llmperf_session.gpu.index if llmperf_session.gpu else None
-    perf = LLMPerf(test_id=request.node.nodeid, on_broken=llmperf_session.pool.discard, gpu_index=gpu_index,
-                   times=llmperf_session.pool.times, roofline_of=llmperf_session.roofline)
-    if properties.is_property_test(request.node):
-        perf.check = properties.checker(request.node.stash.get(LIMITS, []), llmperf_session.retries)
-    request.node.stash[PERF] = perf
-    return perf
-
-
-def _engine_fixture(name: str | None) -> Callable[..., Iterator[Engine]]:
-    def fixture(request: pytest.FixtureRequest, llmperf_session: Session) -> Iterator[Engine]:
-        engine_name = name or llmperf_session.engine_name
-        engine = llmperf_session.engine(engine_name, _engine_options(request.node))
-        # Hypothesis strategies drawn in this test size requests to this engine
-        with engine_limits.published(engine.max_model_len, engine.config.get("block_size")):
-            yield engine
-
-    return fixture
-
-
-hf_engine = pytest.fixture(_engine_fixture("hf"), name="hf_engine")
-vllm_engine = pytest.fixture(_engine_fixture("vllm"), name="vllm_engine")
-llm_engine = pytest.fixture(_engine_fixture(None), name="llm_engine")
-
-
-def _factory_fixture(name: str) -> Callable[..., Callable[..., Engine]]:
-    def fixture(llmperf_session: Session) -> Callable[..., Engine]:
-        def make(**config: Any) -> Engine:
-            return llmperf_session.engine(name, config)
-
-        return make
-
-    return fixture
-
-
-hf_engine_factory = pytest.fixture(_factory_fixture("hf"), name="hf_engine_factory")
-vllm_engine_factory = pytest.fixture(_factory_fixture("vllm"), name="vllm_engine_factory")
-openai_engine_factory = pytest.fixture(_factory_fixture("openai"), name="openai_engine_factory")
-
-
-@pytest.fixture(scope="session")
-def vllm_server(llmperf_session: Session, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """`vllm serve` on a free loopback port for the session (`.base_url`, `.log_path`), the session's
-    model (a shape: dummy weights, its word tokenizer); stopped at the end, also on failure and Ctrl-C."""
-    from .engines.vllm import _is_cpu_build
-    from .engines.vllm_server import VLLMServer
-
-    vllm = pytest.importorskip("vllm", reason="vllm_server needs vLLM installed")
-    server = VLLMServer(llmperf_session.model(), llmperf_session.server_options,
-                        tmp_path_factory.mktemp("vllm-serve"), cpu=_is_cpu_build(vllm))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 # -- judging ---------------------------------------------------------------------------------------
 @pytest.hookimpl(tryfirst=True)  # before fixtures: no engine starts for a test with a bad marker
 def pytest_runtest_setup(item: pytest.Item) -> None:
     _skip_other_hardware(item)
     try:
         item.stash[LIMITS] = _limits(item)
-        _engine_options(item)  # a malformed engine marker errors here, before anything starts
+        engine_options(item)  # a malformed engine marker errors here, before anything starts
     except MarkerError as e:
         problem = str(e)
     else:

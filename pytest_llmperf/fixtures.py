@@ -1,0 +1,87 @@
+"""The plugin's fixtures: the session, the GPU, `llmperf`, engines by name or from the command line,
+engine factories, and a `vllm serve` for the session. Engines come from the session's pool, which
+shares one engine per configuration and holds at most one at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from . import engine_limits, properties
+from .engines.base import Engine
+from .gpu import GpuInfo
+from .runner import LLMPerf
+from .session import LIMITS, PERF, SESSION, Session, engine_options
+
+
+@pytest.fixture(scope="session")
+def llmperf_session(pytestconfig: pytest.Config) -> Session:
+    return pytestconfig.stash[SESSION]
+
+
+@pytest.fixture(scope="session", name="gpu")
+def gpu_fixture(llmperf_session: Session) -> GpuInfo | None:
+    """The GPU this worker uses (name, hardware_class, memory, driver, CUDA, compute capability), or None."""
+    return llmperf_session.gpu
+
+
+@pytest.fixture
+def llmperf(request: pytest.FixtureRequest, llmperf_session: Session) -> LLMPerf:
+    """Runs workloads (`llmperf.run(engine, workload, repeats=1, warmup=True)`) and binds the
+    results to this test, where the limit markers judge them."""
+    gpu_index = llmperf_session.gpu.index if llmperf_session.gpu else None
+    perf = LLMPerf(test_id=request.node.nodeid, on_broken=llmperf_session.pool.discard, gpu_index=gpu_index,
+                   times=llmperf_session.pool.times, roofline_of=llmperf_session.roofline)
+    if properties.is_property_test(request.node):
+        perf.check = properties.checker(request.node.stash.get(LIMITS, []), llmperf_session.retries)
+    request.node.stash[PERF] = perf
+    return perf
+
+
+def _engine_fixture(name: str | None) -> Callable[..., Iterator[Engine]]:
+    def fixture(request: pytest.FixtureRequest, llmperf_session: Session) -> Iterator[Engine]:
+        engine_name = name or llmperf_session.engine_name
+        engine = llmperf_session.engine(engine_name, engine_options(request.node))
+        # Hypothesis strategies drawn in this test size requests to this engine
+        with engine_limits.published(engine.max_model_len, engine.config.get("block_size")):
+            yield engine
+
+    return fixture
+
+
+hf_engine = pytest.fixture(_engine_fixture("hf"), name="hf_engine")
+vllm_engine = pytest.fixture(_engine_fixture("vllm"), name="vllm_engine")
+llm_engine = pytest.fixture(_engine_fixture(None), name="llm_engine")
+
+
+def _factory_fixture(name: str) -> Callable[..., Callable[..., Engine]]:
+    def fixture(llmperf_session: Session) -> Callable[..., Engine]:
+        def make(**config: Any) -> Engine:
+            return llmperf_session.engine(name, config)
+
+        return make
+
+    return fixture
+
+
+hf_engine_factory = pytest.fixture(_factory_fixture("hf"), name="hf_engine_factory")
+vllm_engine_factory = pytest.fixture(_factory_fixture("vllm"), name="vllm_engine_factory")
+openai_engine_factory = pytest.fixture(_factory_fixture("openai"), name="openai_engine_factory")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(llmperf_session: Session, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """`vllm serve` on a free loopback port for the session (`.base_url`, `.log_path`), the session's
+    model (a shape: dummy weights, its word tokenizer); stopped at the end, also on failure and Ctrl-C."""
+    from .engines.vllm import _is_cpu_build
+    from .engines.vllm_server import VLLMServer
+
+    vllm = pytest.importorskip("vllm", reason="vllm_server needs vLLM installed")
+    server = VLLMServer(llmperf_session.model(), llmperf_session.server_options,
+                        tmp_path_factory.mktemp("vllm-serve"), cpu=_is_cpu_build(vllm))
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,88 @@
+"""Per-session state in `config.stash` (no module globals): the options, the engine pool, the GPU, and
+what every test recorded. The plugin's hooks and fixtures both read it from here."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import gating
+from .assertions import Limit, MarkerError
+from .engines.base import Engine, EnginePool
+from .gpu import GpuInfo, measure_bandwidth
+from .models import ModelSpec, footprint, model_config, resolve_model
+from .report import TestRecord
+from .runner import LLMPerf
+from .trace import Roofline
+
+ENGINE_MARKER = "llmperf_engine"
+
+
+@dataclass
+class Session:
+    """Per-session state, kept in `config.stash` (no module globals)."""
+
+    engine_name: str
+    model_spec: str
+    engine_defaults: dict[str, Any]
+    hardware: str
+    gpu: GpuInfo | None
+    gate: gating.GateConfig
+    pool: EnginePool = field(default_factory=EnginePool)
+    models: dict[str, ModelSpec] = field(default_factory=dict)
+    report_dir: Path | None = None
+    retries: int = 2
+    openai_defaults: dict[str, Any] = field(default_factory=dict)
+    server_options: dict[str, Any] = field(default_factory=dict)
+    records: list[TestRecord] = field(default_factory=list)
+    bandwidth: float | None = None  # bytes/s of this GPU's memory, measured on first use (0: not measurable)
+
+    def roofline(self, engine: Engine) -> Roofline | None:
+        """The engine's memory-bandwidth floor on this GPU: its weights and KV bytes per token from the
+        model's config.json, the bandwidth measured once per session."""
+        model = getattr(engine, "model", None)
+        if self.gpu is None or not engine.holds_device or not isinstance(model, ModelSpec):
+            return None
+        config = model_config(model)
+        sizes = footprint(config, str(engine.config.get("dtype", "bfloat16"))) if config else None
+        if sizes is None:
+            return None
+        if self.bandwidth is None:
+            self.bandwidth = measure_bandwidth(self.gpu.index) or 0.0
+        return Roofline(*sizes, self.bandwidth) if self.bandwidth else None
+
+    def describe(self) -> dict[str, Any]:
+        gpu = asdict(self.gpu) if self.gpu else None
+        return {"engine": self.engine_name, "model": self.model_spec, "hardware": self.hardware, "gpu": gpu,
+                "baseline_mode": self.gate.mode, "engine_config": self.engine_defaults,
+                "time_to_verdict_s": {**self.pool.times.summary(), "engine_starts": self.pool.starts}}
+
+    def model(self) -> ModelSpec:
+        if self.model_spec not in self.models:
+            self.models[self.model_spec] = resolve_model(self.model_spec)
+        return self.models[self.model_spec]
+
+    def engine(self, name: str, config: dict[str, Any]) -> Engine:
+        # CLI/ini engine options are written for the session's engine; another engine (hf beside vLLM
+        # in a comparison test) would reject them
+        defaults = self.engine_defaults if name == self.engine_name else {}
+        if name == "openai":
+            defaults = {**self.openai_defaults, **defaults}
+        return self.pool.get(name, self.model(), {**defaults, **config})
+
+
+SESSION = pytest.StashKey[Session]()
+LIMITS = pytest.StashKey[list[Limit]]()
+PERF = pytest.StashKey[LLMPerf]()
+
+
+def engine_options(item: pytest.Item) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for mark in reversed(list(item.iter_markers(ENGINE_MARKER))):  # module first, the test's own last
+        if mark.args:
+            raise MarkerError(f"@pytest.mark.{ENGINE_MARKER} takes keyword options only, got {mark.args!r}")
+        options.update(mark.kwargs)
+    return options
