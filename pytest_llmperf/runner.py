@@ -114,7 +114,6 @@ class LLMPerf:
         traces = [self._measured(engine, workload, salt=100 + i) for i in range(repeats)]
         return summarize(traces, workload.hash, len(workload), label=label)
 
-
     def _keep_result(self, result: PerfResult, engine: Engine, workload: Workload) -> None:
         if self.check is not None:
             # one example of a property test: only its own result stays bound to the test
@@ -127,7 +126,10 @@ class LLMPerf:
 
     def _measured(self, engine: Engine, workload: Workload, salt: int) -> RunTrace:
         with self.times.timed("measurement"):
-            return self._pass(engine, workload, salt)
+            trace = self._pass(engine, workload, salt)
+        if trace.gpu and self.roofline_of is not None:  # outside the clock: a first call probes the bandwidth
+            trace = replace(trace, roofline=self.roofline_of(engine))
+        return trace
 
     def _pass(self, engine: Engine, workload: Workload, salt: int) -> RunTrace:
         if self.gpu_index is None:
@@ -136,8 +138,7 @@ class LLMPerf:
             trace = engine.run(workload, salt=salt)
         if sampler.error:
             warnings.warn(f"llmperf: {sampler.error}; GPU figures cover only the samples before it", stacklevel=3)
-        roofline = self.roofline_of(engine) if self.roofline_of is not None else None
-        return replace(trace, gpu=sampler.samples, roofline=roofline)
+        return replace(trace, gpu=sampler.samples)
 
 
 def _sweep_values(concurrency: Sequence[int] | None, rates: Sequence[float] | None) -> tuple[str, list[float]]:

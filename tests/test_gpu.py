@@ -82,3 +82,20 @@ def test_nvml_failing_mid_run_keeps_the_measured_run_and_warns(monkeypatch, hf_e
         r = perf.run(hf_engine, Workload.offline(4, prompt_len=(16, 32), output_len=(8, 16), seed=1), warmup=False)
     assert r.failed == 0 and r.ttft.count == 4  # the measured run stands
     assert r.gpu.memory_peak_gib == pytest.approx(2.0)  # from the samples taken before the failure
+
+
+def test_the_roofline_reaches_the_result_of_a_sampled_pass(monkeypatch, hf_engine):
+    """Plumbing only (stand-in NVML, a made-up bandwidth): the runner attaches the engine's roofline to
+    every GPU-sampled pass and the summary turns it into gpu.roofline_fraction."""
+    import sys
+
+    from pytest_llmperf import Workload
+    from pytest_llmperf.runner import LLMPerf
+    from pytest_llmperf.trace import Roofline
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(good=10**6))
+    asked = []
+    perf = LLMPerf(gpu_index=0, roofline_of=lambda engine: asked.append(engine) or Roofline(10**6, 1024, 1e9))
+    r = perf.run(hf_engine, Workload.offline(4, prompt_len=(16, 32), output_len=(8, 16), seed=1), warmup=False)
+    assert asked == [hf_engine] and r.gpu.roofline_fraction > 0
+    assert LLMPerf().run(hf_engine, Workload.offline(2, 16, 4), warmup=False).gpu.roofline_fraction is None
