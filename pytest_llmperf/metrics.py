@@ -342,13 +342,14 @@ def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, l
     repeats; take the worst (max) KV and memory figures over the repeats."""
     if not traces:
         raise ValueError("summarize needs at least one run trace")
-    per_trace = [_one(t, workload_hash, n_requests) for t in traces]
+    gaps_of = [[g for s in t.sequences if s.ok for g in itl_gaps_ms(s)] for t in traces]
+    per_trace = [_one(t, g, workload_hash, n_requests) for t, g in zip(traces, gaps_of)]
     if len(per_trace) == 1:
         only = per_trace[0]
-        gaps = [g for s in traces[0].sequences if s.ok for g in itl_gaps_ms(s)]
-        return replace(only, label=label, partial=partial, noise=latency_noise(_latencies(only.sequences, gaps)))
+        return replace(only, label=label, partial=partial,
+                       noise=latency_noise(_latencies(only.sequences, gaps_of[0])))
     seqs = tuple(s for r in per_trace for s in r.sequences)
-    gaps = [g for t in traces for s in t.sequences if s.ok for g in itl_gaps_ms(s)]
+    gaps = [g for trace_gaps in gaps_of for g in trace_gaps]
     thr = [r.throughput for r in per_trace]
     latencies = _latencies(seqs, gaps)
     return PerfResult(
@@ -379,12 +380,12 @@ def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, l
     )
 
 
-def _one(trace: RunTrace, workload_hash: str, n_requests: int) -> PerfResult:
-    """One repeat's figures; its percentile noise is left to `summarize`, which bootstraps the pooled
-    values once (a bootstrap per repeat would be thrown away)."""
+def _one(trace: RunTrace, gaps: list[float], workload_hash: str, n_requests: int) -> PerfResult:
+    """One repeat's figures (`gaps`: its ITL gaps, which `summarize` pools too); its percentile noise is
+    left to `summarize`, which bootstraps the pooled values once (a bootstrap per repeat would be
+    thrown away)."""
     seqs = tuple(sequence_metrics(s) for s in trace.sequences)
     ok = [s for s in trace.sequences if s.ok]
-    gaps = [g for s in ok for g in itl_gaps_ms(s)]
     out_tokens = sum(s.output_tokens for s in ok)
     latencies = _latencies(seqs, gaps)
     result = PerfResult(

@@ -39,6 +39,7 @@ class Session:
     server_options: dict[str, Any] = field(default_factory=dict)
     records: list[TestRecord] = field(default_factory=list)
     bandwidth: float | None = None  # bytes/s of this GPU's memory, measured on first use (0: not measurable)
+    footprints: dict[tuple[str, str], tuple[int, int] | None] = field(default_factory=dict)  # (path, dtype)
 
     def roofline(self, engine: Engine) -> Roofline | None:
         """The engine's memory-bandwidth floor on this GPU: its weights and KV bytes per token from the
@@ -46,8 +47,11 @@ class Session:
         model = getattr(engine, "model", None)
         if self.gpu is None or not engine.holds_device or not isinstance(model, ModelSpec):
             return None
-        config = model_config(model)
-        sizes = footprint(config, str(engine.config.get("dtype", "bfloat16"))) if config else None
+        key = (model.path, str(engine.config.get("dtype", "bfloat16")))
+        if key not in self.footprints:  # config.json is read once, not at every measured pass
+            config = model_config(model)
+            self.footprints[key] = footprint(config, key[1]) if config else None
+        sizes = self.footprints[key]
         if sizes is None:
             return None
         if self.bandwidth is None:

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from .gpu import memory_used
+
 ROUND = "llmperf_soak_round"
 DEFAULT_LIMIT_MIB = 256.0
 MIB = 1024**2
@@ -66,8 +68,6 @@ class Soak:
     def _gpu_mib(self) -> float | None:
         if self.gpu_index is None:
             return None
-        from .gpu import memory_used
-
         return memory_used(self.gpu_index) / MIB
 
     def growth(self) -> dict[str, float]:

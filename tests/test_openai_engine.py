@@ -76,8 +76,8 @@ def test_usage_counts_only_scrapes_answered_during_the_run():
     from pytest_llmperf.engines.openai import _Scraper
 
     scraper = _Scraper(client=None, url="", interval=0.1)
-    scraper.sent = [0.0, 1.1, 1.9, 3.2]
-    scraper.rows = [(0.1, {}), (1.2, {}), (3.1, {}), (3.3, {})]  # the third one answered after the run
+    # (sent, answered, values): the third one is answered after the run
+    scraper.rows = [(0.0, 0.1, {}), (1.1, 1.2, {}), (1.9, 3.1, {}), (3.2, 3.3, {})]
     assert scraper.scrapes_within(1.0, 3.0) == 1 and scraper.scrapes_within(4.0, 5.0) == 0
 
 

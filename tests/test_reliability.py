@@ -9,6 +9,7 @@ import pytest
 from pytest_llmperf import Workload
 from pytest_llmperf.engines.base import Engine, EngineError
 from pytest_llmperf.runner import LLMPerf
+from pytest_llmperf.soak import host_memory_mib
 from pytest_llmperf.trace import Chunk, RunTrace, SequenceTrace
 
 OWN = dict(num_gpu_blocks_override=150)  # an engine of these tests' own: killing it disturbs no other test
@@ -113,8 +114,7 @@ def test_three_rounds_do_not_grow_host_memory(vllm_engine_factory, hf_engine_fac
     for _ in range(3):
         llmperf.run(vllm_engine_factory(num_gpu_blocks_override=160), w, warmup=False)
         llmperf.run(hf_engine_factory(), w, warmup=False)
-        procs = [psutil.Process(), *engine_processes()]
-        rss.append(sum(p.memory_info().rss for p in procs if p.is_running()) / 2**20)
+        rss.append(host_memory_mib())  # this process and its engine processes
     print("host memory after each round (MiB):", [round(x) for x in rss])
     assert rss[2] - rss[1] < 300
 

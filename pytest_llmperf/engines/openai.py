@@ -250,8 +250,7 @@ class _Scraper:
 
     def __init__(self, client: Any, url: str, interval: float) -> None:
         self.client, self.url, self.interval = client, url, interval
-        self.rows: list[tuple[float, dict[str, float]]] = []  # (answer received, values)
-        self.sent: list[float] = []  # when each answered scrape was sent
+        self.rows: list[tuple[float, float, dict[str, float]]] = []  # (sent, answer received, values)
         self.blocks_total = self.block_size = 0
         self.available = interval > 0
 
@@ -267,12 +266,11 @@ class _Scraper:
         if response.status_code != 200:
             self.available = False  # no /metrics here: no paging numbers over HTTP
             return
-        self.rows.append((time.perf_counter(), self._parse(response.text)))
-        self.sent.append(sent)
+        self.rows.append((sent, time.perf_counter(), self._parse(response.text)))
 
     def scrapes_within(self, start: float, end: float) -> int:
         """Scrapes sent and answered while the run was in flight: only they can see its KV usage."""
-        return sum(1 for s, (t, _) in zip(self.sent, self.rows) if s >= start and t <= end)
+        return sum(1 for sent, received, _ in self.rows if sent >= start and received <= end)
 
     def _parse(self, text: str) -> dict[str, float]:
         from prometheus_client.parser import text_string_to_metric_families
@@ -294,12 +292,12 @@ class _Scraper:
             await self.scrape()
 
     def samples(self) -> tuple[KVSample, ...]:
-        if len(self.rows) < 2 or not self.blocks_total or "usage" not in self.rows[0][1]:
+        if len(self.rows) < 2 or not self.blocks_total or "usage" not in self.rows[0][2]:
             return ()
-        base = self.rows[0][1]
+        base = self.rows[0][2]
         usable = self.blocks_total - 1  # vLLM's usage excludes its null block
         out = []
-        for t, v in self.rows[1:]:
+        for _, t, v in self.rows[1:]:
             out.append(KVSample(
                 t=t, blocks_used=round(v.get("usage", 0.0) * usable), blocks_total=usable,
                 block_size=self.block_size, tokens_stored=0, running=int(v.get("running", 0)),
