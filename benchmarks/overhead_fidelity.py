@@ -5,9 +5,10 @@ Overhead: the same offline workload (token-id prompts, mixed lengths) through ba
 recorder, NVML where there is a GPU), in interleaved pairs whose order alternates; the ratio of output
 throughputs (plugin / bare), median over the pairs.
 
-Fidelity: our client-side timestamps against vLLM's own per-request ones (`RequestOutput.metrics`):
-the difference between when we saw the first/last token and when the engine core produced it, and
-between our submit and the front end's arrival.
+Fidelity: our client-side timestamps against vLLM's own per-request ones (`RequestOutput.metrics`, on
+an engine of the same configuration with vLLM's stats on, which the plugin leaves off): our TTFT
+against the TTFT vLLM reports for the request (its front end's clock), when we saw the first/last
+token against when the engine core produced it, and our submit against the front end's arrival.
 
     python benchmarks/overhead_fidelity.py --pairs 5 --requests 256 [--config JSON]
     (--config '{"llmperf_stream": "delta"}' measures the plugin streaming deltas to each request)
@@ -57,18 +58,32 @@ def bare_throughput(llm, workload: Workload, vocab: int, salt: int) -> float:
 
 
 def fidelity(result_traces) -> dict:
-    first, last, arrival = [], [], []
+    ttft, first, last, arrival = [], [], [], []
     for trace in result_traces:
         for s in trace.sequences:
-            if s.ok and s.engine_times:
-                a, f, e = s.engine_times
-                first.append((s.chunks[0].t - f) * 1e3)  # we saw the first token this long after the core made it
-                last.append((s.chunks[-1].t - e) * 1e3)
-                arrival.append((a - s.submit_t) * 1e3)  # the front end took the request this long after our submit
+            e = s.engine_times
+            if s.ok and e:
+                if e.ttft_s is not None:  # our TTFT minus the TTFT vLLM itself reports for the request
+                    ttft.append((s.chunks[0].t - s.submit_t - e.ttft_s) * 1e3)
+                first.append((s.chunks[0].t - e.first_token) * 1e3)  # we saw the first token this long after the core made it
+                last.append((s.chunks[-1].t - e.last_token) * 1e3)
+                arrival.append((e.arrival - s.submit_t) * 1e3)  # the front end took the request this long after our submit
+
     def stat(xs):
         return {"median_ms": round(float(np.median(xs)), 3), "p99_ms": round(float(np.percentile(xs, 99)), 3),
                 "n": len(xs)} if xs else None
-    return {"first_token_delivery": stat(first), "last_token_delivery": stat(last), "submit_to_arrival": stat(arrival)}
+    return {"ttft_vs_vllm_ttft": stat(ttft), "first_token_delivery": stat(first), "last_token_delivery": stat(last),
+            "submit_to_arrival": stat(arrival)}
+
+
+def stats_on_pass(model, config: dict, workload: Workload):
+    """One pass on an engine with vLLM's stats on: every sequence with vLLM's own timestamps."""
+    engine = VLLMEngine(model, {**config, "disable_log_stats": False})
+    try:
+        LLMPerf().run(engine, workload)  # warm-up
+        return engine.run(workload, salt=50)
+    finally:
+        engine.shutdown()
 
 
 def main() -> int:
@@ -90,7 +105,7 @@ def main() -> int:
     perf = LLMPerf(gpu_index=gpu.index if gpu else None)
     bare_throughput(llm, workload, ours.vocab_size, salt=99)  # warm-up of both
     perf.run(ours, workload)
-    ratios, traces = [], []
+    ratios = []
     for i in range(args.pairs):
         if i % 2 == 0:
             b = bare_throughput(llm, workload, ours.vocab_size, salt=i)
@@ -98,16 +113,15 @@ def main() -> int:
         else:
             r = perf.run(ours, workload, warmup=False)
             b = bare_throughput(llm, workload, ours.vocab_size, salt=i)
-        if i == 0:  # one extra pass for fidelity: every sequence with vLLM's own timestamps
-            traces.append(ours.run(workload, salt=50))
         ratios.append(r.throughput.output_tokens_per_s / b)
         print(f"pair {i}: plugin {r.throughput.output_tokens_per_s:.0f} tok/s, bare {b:.0f} tok/s, ratio {ratios[-1]:.4f}",
               flush=True)
+    ours.shutdown()
+    traces = [stats_on_pass(model, config, workload)]
     row = {"vllm": vllm.__version__, "device": gpu.name if gpu else "cpu", "model": args.model, "config": config,
            "requests": args.requests, "pairs": args.pairs, "median_ratio": round(statistics.median(ratios), 4),
            "min_ratio": round(min(ratios), 4), "max_ratio": round(max(ratios), 4), "fidelity": fidelity(traces)}
     emit("overhead_fidelity", row)
-    ours.shutdown()
     return 0
 
 

@@ -20,6 +20,18 @@ class Chunk:
 
 
 @dataclass(frozen=True)
+class EngineTimes:
+    """The engine's own record of one request (vLLM's `RequestOutput.metrics` with its stats on), on
+    our clock: when its front end received the request, when its core produced the first and the last
+    token, and the TTFT vLLM itself reports (its front end's first-token time minus arrival)."""
+
+    arrival: float
+    first_token: float
+    last_token: float
+    ttft_s: float | None = None
+
+
+@dataclass(frozen=True)
 class SequenceTrace:
     """One generated sequence: request `index` of the workload, sample `sample` of its `n`."""
 
@@ -30,9 +42,7 @@ class SequenceTrace:
     submit_t: float
     chunks: tuple[Chunk, ...]
     error: str | None = None
-    # the engine's own view where it records one (vLLM >= 0.11.1 with stats on): when its front end
-    # received the request, and when its core produced the first and last token; same clock as submit_t
-    engine_times: tuple[float, float, float] | None = None
+    engine_times: EngineTimes | None = None  # where the engine records them (vLLM >= 0.11.1 with stats on)
 
     @property
     def output_tokens(self) -> int:

@@ -118,23 +118,30 @@ def test_a_missing_vllm_access_path_is_an_error_naming_the_version_not_zeros(vll
     assert "not reported as zeros" in message
 
 
-@pytest.mark.llmperf_engine(**BASE)
+@pytest.mark.llmperf_engine(disable_log_stats=False, **BASE)
 def test_token_times_follow_the_engine_core_and_match_delta_streaming(vllm_engine, vllm_engine_factory, llmperf):
     # the default clock stamps each step's tokens where the front end receives them: never before
-    # the engine core made them (vLLM's own first/last token stamps), every token counted once
-    assert vllm_engine.config["llmperf_stream"] == "clock"
+    # the engine core made them (vLLM's own first/last token stamps, kept with its stats on), every
+    # token counted once
+    assert vllm_engine.config["llmperf_stream"] == "clock" and vllm_engine.config["log_stats"]
     trace = vllm_engine.run(MIXED)
     for s in trace.sequences:
         assert sum(c.n_tokens for c in s.chunks) == s.output_len == MIXED.requests[s.index].output_len
-        _, core_first, core_last = s.engine_times
-        assert core_first <= s.chunks[0].t and core_last <= s.chunks[-1].t
-        assert s.submit_t < s.chunks[0].t <= s.chunks[-1].t < trace.end_t
-    # the same workload streamed to each request as deltas (the pool swaps the engine): the same
-    # tokens, the same paging
+        e = s.engine_times
+        assert e.first_token <= s.chunks[0].t and e.last_token <= s.chunks[-1].t
+        assert s.submit_t <= e.arrival < s.chunks[0].t <= s.chunks[-1].t < trace.end_t
+        assert 0 < e.ttft_s <= s.chunks[0].t - s.submit_t  # vLLM's own TTFT starts at arrival, after our submit
+    shared = Workload.shared_prefix(16, prefix_len=512, suffix_len=(8, 40), output_len=8, seed=3)
+    counted_by_vllm = llmperf.run(vllm_engine, shared, warmup=False).kv.prefix_hit_rate
+    # the same workload streamed to each request as deltas, with vLLM's stats off (the default; the
+    # pool swaps the engine): the same tokens, the same paging, the same prefix hits counted by the
+    # recorder itself, and no engine timestamps
     delta = vllm_engine_factory(llmperf_stream="delta", **BASE)
-    assert delta.config["llmperf_stream"] == "delta"
+    assert delta.config["llmperf_stream"] == "delta" and not delta.config["log_stats"]
     delta_run = delta.run(MIXED)
     assert [s.output_tokens for s in trace.sequences] == [s.output_tokens for s in delta_run.sequences]
     assert [k.blocks_used for k in trace.kv] == [k.blocks_used for k in delta_run.kv]
+    assert all(s.engine_times is None for s in delta_run.sequences)
+    assert llmperf.run(delta, shared, warmup=False).kv.prefix_hit_rate == counted_by_vllm > 0.8
     with pytest.raises(Exception, match="llmperf_stream='fast': choose 'clock'"):
         vllm_engine_factory(llmperf_stream="fast", **BASE)

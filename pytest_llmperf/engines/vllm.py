@@ -34,7 +34,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ..models import ModelSpec
-from ..trace import Chunk, KVSample, RunTrace, SequenceTrace
+from ..trace import Chunk, EngineTimes, KVSample, RunTrace, SequenceTrace
 from ..workload import Workload
 from .base import Engine, EngineError, wait_for_turn
 
@@ -69,15 +69,17 @@ def _is_cpu_build(vllm: Any) -> bool:
         return False
 
 
-def _engine_times(stats: Any) -> tuple[float, float, float] | None:
+def _engine_times(stats: Any) -> EngineTimes | None:
     """vLLM's own request timestamps (`RequestOutput.metrics`, a RequestStateStats in 0.11.1-0.33):
-    front-end arrival (wall clock, moved to the monotonic clock here) and the engine core's first and
-    last token (monotonic, which perf_counter shares on Linux). Used to measure our fidelity."""
+    front-end arrival (wall clock, moved to the monotonic clock here), the engine core's first and last
+    token (monotonic, which perf_counter shares on Linux) and vLLM's TTFT (`first_token_latency`, its
+    front end's clock). Used to measure our fidelity."""
     first, last = getattr(stats, "first_token_ts", 0.0), getattr(stats, "last_token_ts", 0.0)
     arrival = getattr(stats, "arrival_time", 0.0)
     if not (first and last and arrival):
         return None
-    return arrival - (time.time() - time.perf_counter()), first, last
+    ttft = getattr(stats, "first_token_latency", 0.0) or None
+    return EngineTimes(arrival - (time.time() - time.perf_counter()), first, last, ttft)
 
 
 class TokenClock:
@@ -183,7 +185,10 @@ class VLLMEngine(Engine):
     def _engine_args(self, config: dict[str, Any]) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-        args: dict[str, Any] = {"model": self.model.path, "skip_tokenizer_init": True, "disable_log_stats": False,
+        # vLLM's stats off: its front end's per-step stat loggers cost ~4% of throughput (docs/performance.md);
+        # the recorder counts prefix hits without them. `disable_log_stats=False` brings back vLLM's own
+        # per-request timestamps (SequenceTrace.engine_times).
+        args: dict[str, Any] = {"model": self.model.path, "skip_tokenizer_init": True, "disable_log_stats": True,
                                 "scheduler_cls": SAMPLER, "seed": 0}
         if self.model.is_shape:
             args["load_format"] = "dummy"
@@ -260,6 +265,7 @@ class VLLMEngine(Engine):
             "device": "cpu" if self._cpu else "cuda",
             STREAM_OPTION: "clock" if self._clock is not None else "delta",
             "scheduler": self._scheduler,
+            "log_stats": bool(getattr(self._llm, "log_stats", False)),
         }
         return {**resolved, **{k: v for k, v in self._user_config.items() if k not in resolved}}
 

@@ -15,8 +15,11 @@ the test process reads the lines a run produced. Access paths, and the versions 
   slot 0 is the null block, so usable blocks are num_gpu_blocks - 1),
 - `...coordinator.single_type_managers[0].{req_to_blocks, block_size}` (0.10.0-0.33.0),
 - `request.num_computed_tokens` after `schedule()` includes the tokens scheduled this step,
-- `self.kv_cache_manager.prefix_cache_stats.{queries, hits}` (0.10.0-0.33.0, only with log stats on;
-  vLLM swaps in a new object each time it reports, so deltas are taken per object),
+- `self.kv_cache_manager.prefix_cache_stats.{queries, hits}` (0.10.0-0.33.0; vLLM swaps in a new object
+  each time it reports, so deltas are taken per object). vLLM counts them only with log stats on; the
+  plugin runs with them off (the front end's per-step stat loggers cost ~4% throughput,
+  docs/performance.md), so the recorder turns on the KV manager's own counting (`log_stats`,
+  `PrefixCacheStats()`, 0.10.0-0.33.0): the same counts by the same code, nothing reported upstream,
 - `RequestStatus.PREEMPTED` on a request that was running before `schedule()` (0.10.0-0.33.0).
 
 Offline batches must be handed to the scheduler atomically, or the first steps depend on how fast
@@ -68,6 +71,7 @@ class _Recording:
         self._stats_seen = (0, 0)
         self._broken = False
         if self._out is not None:
+            self._guarded(self._count_prefix_hits)
             self._guarded(self._sample)  # a missing access path is reported before the first request
 
     # -- the offline gate -------------------------------------------------------------------
@@ -108,7 +112,7 @@ class _Recording:
         it into an error naming the vLLM version) and sampling stops, the engine keeps serving."""
         try:
             return read()
-        except (AttributeError, KeyError, IndexError, TypeError) as e:
+        except (AttributeError, KeyError, IndexError, TypeError, ImportError) as e:
             self._broken = True
             import vllm
 
@@ -133,6 +137,16 @@ class _Recording:
         self._count_prefix_stats(kvm.prefix_cache_stats)
         return (time.monotonic(), physical, total, bs, max(tokens, 0), len(self.running), len(self.waiting),
                 self._preemptions, self._queries, self._hits, logical)
+
+    def _count_prefix_hits(self) -> None:
+        """With vLLM's stats off its KV manager counts no prefix-cache queries and hits: turn on that
+        counting only. The scheduler never asks for the counts then, so one object accumulates."""
+        kvm = self.kv_cache_manager
+        if not kvm.log_stats:
+            from vllm.v1.metrics.stats import PrefixCacheStats
+
+            kvm.prefix_cache_stats = PrefixCacheStats()
+            kvm.log_stats = True
 
     def _count_prefix_stats(self, stats: Any) -> None:
         if stats is None:
