@@ -9,6 +9,7 @@ unless given.
 
     python benchmarks/detection_power.py --runs 10 [--repeats 1] [--tolerances 0.05,0.10] [--delays 0.05,0.10,0.20]
         [--model shape:tiny-llama] [--config JSON]   (engine options added to every case, e.g. enforce_eager)
+        [--warmup auto|quick|steady]   (each engine's warm-up before its runs; auto: steady on a GPU)
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from pytest_llmperf import Workload
 from pytest_llmperf import baseline as bl
 from pytest_llmperf.engines.vllm import VLLMEngine
 from pytest_llmperf.gating import result_entry
+from pytest_llmperf.gpu import detect
 from pytest_llmperf.models import resolve_model
-from pytest_llmperf.runner import LLMPerf
+from pytest_llmperf.runner import WARMUP_MODES, LLMPerf
 
 SLOW = "slow_scheduler.slow_scheduler"
 BASE = {"num_gpu_blocks_override": 512, "max_num_seqs": 64}
@@ -36,12 +38,18 @@ def measure(engine, perf, workload, repeats):
     return result_entry(perf.run(engine, workload, repeats=repeats, warmup=False), workload, 0)
 
 
-def entries(config, env, model, workload, runs, repeats):
+def new_perf(warmup):
+    gpu = detect()  # NVML sampling on, as in the plugin; the warm-up mode "auto" resolves per machine
+    return LLMPerf(gpu_index=gpu.index if gpu else None, warmup_mode=warmup)
+
+
+def entries(config, env, model, workload, runs, repeats, warmup):
     for key, value in env.items():
         os.environ[key] = value
     engine = VLLMEngine(model, config)
-    perf = LLMPerf()
-    perf.run(engine, workload)  # warm-up
+    perf = new_perf(warmup)
+    warmed = perf.run(engine, workload)
+    print(f"  warm-up {warmed.warmup}, {warmed.warmup_passes} whole passes", flush=True)
     out = [measure(engine, perf, workload, repeats) for _ in range(runs)]
     engine.shutdown()
     for key in env:
@@ -63,6 +71,7 @@ def main() -> int:
     ap.add_argument("--delays", default="0.05,0.10")
     ap.add_argument("--model", default="shape:tiny-llama")
     ap.add_argument("--config", default="{}", help="engine options added to every case (JSON)")
+    ap.add_argument("--warmup", default="auto", choices=WARMUP_MODES, help="each engine's warm-up before its runs")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))  # slow_scheduler, for the engine-core process too
     os.environ["PYTHONPATH"] = f"{Path(__file__).parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
@@ -71,7 +80,7 @@ def main() -> int:
     workload = Workload.offline(args.requests, prompt_len=(16, 512), output_len=(16, 256), seed=7)
 
     engine = VLLMEngine(model, base)
-    perf = LLMPerf()
+    perf = new_perf(args.warmup)
     perf.run(engine, workload)
     recorded = perf.run(engine, workload, repeats=args.repeats, warmup=False)
     stored = bl.document("bench", "any", "model", {}, [result_entry(recorded, workload, 0)])
@@ -88,7 +97,7 @@ def main() -> int:
     for d in (float(x) for x in args.delays.split(",")):
         env = {"LLMPERF_BENCH_STEP_DELAY_S": str(d * step_s)}
         cases[f"+{d:.0%} per-step delay"] = ({**base, "scheduler_cls": SLOW}, env)
-    measured = {name: entries(config, env, model, workload, args.runs, args.repeats)
+    measured = {name: entries(config, env, model, workload, args.runs, args.repeats, args.warmup)
                 for name, (config, env) in cases.items()}
     table = {}
     for tolerance in (float(x) for x in args.tolerances.split(",")):
@@ -104,7 +113,7 @@ def main() -> int:
             print(f"{name} @ tolerance {tolerance:.0%}", row, flush=True)
     changes = {name: [round(e.metrics["output_tokens_per_s"] / stored["entries"][0]["metrics"]["output_tokens_per_s"], 3)
                       for e in runs] for name, runs in measured.items()}
-    out = {"model": args.model, "config": base, "repeats": args.repeats, "runs": args.runs,
+    out = {"model": args.model, "config": base, "repeats": args.repeats, "warmup": args.warmup, "runs": args.runs,
            "requests": args.requests, "mean_step_ms": step_s * 1e3, "cases": table, "throughput_ratios": changes}
     emit("detection_power", out)
     return 0

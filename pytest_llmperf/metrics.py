@@ -133,6 +133,8 @@ class PerfResult:
     duration_s: float = 0.0
     label: str = ""
     partial: bool = False  # the run crashed after these repeats: reported, never a pass
+    warmup: str = "none"  # "quick", "steady" or "none" (runner.py says what each does)
+    warmup_passes: int = 0  # whole-workload passes a steady warm-up took before measuring
 
     @property
     def error_rate(self) -> float:

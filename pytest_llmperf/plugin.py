@@ -36,7 +36,7 @@ from .gpu import KNOWN_CLASSES, GpuError, GpuInfo, assign_device, detect, device
 from .models import DEFAULT_MODEL
 from .report import HEADLINE, TestRecord, cell, result_name, result_record
 from .report import write as write_report
-from .runner import LLMPerf
+from .runner import WARMUP_MODES, LLMPerf
 from .session import ENGINE_MARKER, LIMITS, PERF, SESSION, Session, engine_options
 
 
@@ -90,6 +90,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--llmperf-retries", default=None, type=int,
                     help="property tests: measure a failing example this many more times before it counts (default 2)")
     parser.addini("llmperf_retries", "property tests: re-measurements of a failing example", default="2")
+    group.addoption("--llmperf-warmup", default=None, choices=WARMUP_MODES,
+                    help="what llmperf.run's warm-up does: a few requests (quick), then whole passes until two agree "
+                         "on throughput (steady), or auto: steady on a GPU, quick elsewhere (default)")
+    parser.addini("llmperf_warmup", "warm-up: auto, quick or steady", default="auto")
     group.addoption("--llmperf-soak", default=1, type=int, metavar="N",
                     help="run the selected tests N times back to back, round by round, and fail if host or GPU "
                          "memory keeps growing between the last two rounds")
@@ -140,6 +144,7 @@ def pytest_configure(config: pytest.Config) -> None:
         report_dir=Path(_option(config, "report")) if _option(config, "report") else None,
         pool=EnginePool(after_close=_release_waiter(gpu)),
         retries=int(_option(config, "retries")),
+        warmup=_warmup_option(config),
         openai_defaults={k: v for k, v in (("base_url", _option(config, "base-url")),
                                             ("model", _option(config, "served-model")),
                                             ("api_key_env", _option(config, "api-key-env"))) if v},
@@ -153,6 +158,13 @@ def pytest_configure(config: pytest.Config) -> None:
         gpu_index = config.stash[SESSION].gpu.index if config.stash[SESSION].gpu else None
         config.pluginmanager.register(soak.Soak(rounds, config.getoption("--llmperf-soak-limit-mib"), gpu_index),
                                       "llmperf-soak")
+
+
+def _warmup_option(config: pytest.Config) -> str:
+    mode = _option(config, "warmup")
+    if mode not in WARMUP_MODES:
+        raise pytest.UsageError(f"llmperf_warmup={mode!r}: choose one of {', '.join(WARMUP_MODES)}")
+    return mode
 
 
 # Memory the test process itself may keep on the card after an engine is gone (its CUDA context and

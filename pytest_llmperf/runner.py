@@ -1,4 +1,4 @@
-"""`llmperf.run`: warm up, drive the workload `repeats` times, summarise, remember the result."""
+"""`llmperf.run`: warm up (until steady on a GPU), drive the workload `repeats` times, summarise, remember the result."""
 
 from __future__ import annotations
 
@@ -16,6 +16,13 @@ from .trace import Roofline, RunTrace
 from .workload import Workload
 
 WARMUP_REQUESTS = 4
+# "quick": a few requests load kernels and allocate buffers (enough on a CPU). "steady": then whole
+# passes of the workload until two in a row agree on output throughput: a GPU engine keeps getting
+# faster for several passes as it meets new batch shapes (docs/performance.md, detection power).
+# "auto": steady where a GPU is sampled, quick elsewhere.
+WARMUP_MODES = ("auto", "quick", "steady")
+STEADY_AGREEMENT = 0.03
+STEADY_MAX_PASSES = 6
 # salts: warm-up and every repeat get their own token ids, so no pass finds another's prefix cache
 _WARMUP_SALT = 10_000
 
@@ -37,20 +44,23 @@ class LLMPerf:
     # the test body for shrinking to work); gets a function that measures the workload again
     check: Callable[[PerfResult, Workload, Callable[[], PerfResult]], None] | None = None
     times: PhaseTimes = field(default_factory=PhaseTimes)  # the session's, where the plugin runs it
+    warmup_mode: str = "auto"  # what warmup=True means (--llmperf-warmup)
     sweeps: list[Sweep] = field(default_factory=list)
     results: list[PerfResult] = field(default_factory=list)
     engines: list[Engine] = field(default_factory=list)
     workloads: list[Workload] = field(default_factory=list)
 
-    def run(self, engine: Engine, workload: Workload, repeats: int = 1, warmup: bool = True,
+    def run(self, engine: Engine, workload: Workload, repeats: int = 1, warmup: bool | str = True,
             label: str = "") -> PerfResult:
         _check_args(engine, workload, repeats)
+        mode = self._warmup(warmup)
         engine.check_fits(workload)
         traces: list[RunTrace] = []
+        passes = 0
         try:
-            if warmup:
+            if mode is not None:
                 with self.times.timed("warm-up"):
-                    engine.run(_warmup_of(workload), salt=_WARMUP_SALT)
+                    passes = self._warm_up(engine, workload, mode)
             for i in range(repeats):
                 traces.append(self._measured(engine, workload, salt=i))
         except BaseException:
@@ -60,7 +70,8 @@ class LLMPerf:
                 self._keep_result(summarize(traces, workload.hash, len(workload), label=label, partial=True),
                                   engine, workload)
             raise
-        result = summarize(traces, workload.hash, len(workload), label=label)
+        result = replace(summarize(traces, workload.hash, len(workload), label=label),
+                         warmup=mode or "none", warmup_passes=passes)
         self._keep_result(result, engine, workload)
         if self.check is not None:
             self.check(result, workload, lambda: self._again(engine, workload, repeats, label))
@@ -68,7 +79,7 @@ class LLMPerf:
 
     def sweep(self, engine: Engine, workload_factory: Callable[[float], Workload], *,
               concurrency: Sequence[int] | None = None, rates: Sequence[float] | None = None, repeats: int = 1,
-              warmup: bool = True, label: str = "sweep", under: Mapping[str, float] | None = None) -> Sweep:
+              warmup: bool | str = True, label: str = "sweep", under: Mapping[str, float] | None = None) -> Sweep:
         """One run per concurrency (or request rate): `workload_factory(value)` builds each point's
         workload. Points are results too (labelled `label@value`); limit markers judge the curve
         through `min_capacity`, not each point."""
@@ -76,7 +87,7 @@ class LLMPerf:
         points = []
         for i, value in enumerate(values):
             result = self.run(engine, _workload_of(workload_factory, value), repeats=repeats,
-                              warmup=warmup and i == 0, label=f"{label}@{value:g}")
+                              warmup=warmup if i == 0 else False, label=f"{label}@{value:g}")
             points.append(SweepPoint(value, result))
         return self._keep(Sweep(kind, label, tuple(points), dict(under or {})))
 
@@ -101,6 +112,34 @@ class LLMPerf:
                 lo, hi = (mid, hi) if measure(mid) else (lo, mid)
         points.sort(key=lambda p: p.value)
         return self._keep(Sweep("rate", label, tuple(points), dict(under), searched=True))
+
+    def _warmup(self, warmup: bool | str) -> str | None:
+        """The warm-up this run gets: None, "quick" or "steady"."""
+        if warmup is False:
+            return None
+        mode = self.warmup_mode if warmup is True else warmup
+        if mode not in WARMUP_MODES:
+            raise ValueError(f"warmup={mode!r}: choose True, False or one of {', '.join(WARMUP_MODES)}")
+        if mode == "auto":
+            return "steady" if self.gpu_index is not None else "quick"
+        return mode
+
+    def _warm_up(self, engine: Engine, workload: Workload, mode: str) -> int:
+        """Returns the whole-workload passes a steady warm-up took (0 for quick)."""
+        engine.run(_warmup_of(workload), salt=_WARMUP_SALT)
+        if mode == "quick":
+            return 0
+        offline = workload.as_offline()  # arrival times would cap the rate this watches
+        rates: list[float] = []
+        while len(rates) < STEADY_MAX_PASSES:
+            rates.append(_output_rate(engine.run(offline, salt=_WARMUP_SALT + 1 + len(rates))))
+            if len(rates) >= 2 and abs(rates[-1] - rates[-2]) <= STEADY_AGREEMENT * rates[-2]:
+                return len(rates)
+        warnings.warn(
+            f"llmperf: output throughput still changing after {len(rates)} warm-up passes "
+            f"({', '.join(f'{r:.0f}' for r in rates)} tok/s): the engine is not steady, so results may drift; "
+            "use repeats >= 3, a CUDA-graph (non-eager) configuration, or a longer workload", stacklevel=3)
+        return len(rates)
 
     def _keep(self, sweep: Sweep) -> Sweep:
         self.sweeps.append(sweep)
@@ -160,6 +199,11 @@ def _workload_of(factory: Callable[[float], Workload], value: float) -> Workload
 def _warmup_of(workload: Workload) -> Workload:
     """A few of the workload's own requests, offline: enough to load kernels and allocate buffers."""
     return Workload(workload.requests[:WARMUP_REQUESTS], seed=workload.seed, kind="warmup").as_offline()
+
+
+def _output_rate(trace: RunTrace) -> float:
+    elapsed = trace.end_t - trace.start_t
+    return sum(s.output_tokens for s in trace.sequences) / elapsed if elapsed > 0 else 0.0
 
 
 def _check_args(engine: Any, workload: Any, repeats: Any) -> None:

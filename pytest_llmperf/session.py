@@ -35,6 +35,7 @@ class Session:
     models: dict[str, ModelSpec] = field(default_factory=dict)
     report_dir: Path | None = None
     retries: int = 2
+    warmup: str = "auto"  # what llmperf.run(warmup=True) does (runner.WARMUP_MODES)
     openai_defaults: dict[str, Any] = field(default_factory=dict)
     server_options: dict[str, Any] = field(default_factory=dict)
     records: list[TestRecord] = field(default_factory=list)
@@ -61,7 +62,7 @@ class Session:
     def describe(self) -> dict[str, Any]:
         gpu = asdict(self.gpu) if self.gpu else None
         return {"engine": self.engine_name, "model": self.model_spec, "hardware": self.hardware, "gpu": gpu,
-                "baseline_mode": self.gate.mode, "engine_config": self.engine_defaults,
+                "baseline_mode": self.gate.mode, "warmup": self.warmup, "engine_config": self.engine_defaults,
                 "time_to_verdict_s": {**self.pool.times.summary(), "engine_starts": self.pool.starts}}
 
     def model(self) -> ModelSpec:

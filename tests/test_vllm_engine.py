@@ -7,6 +7,7 @@ together, so each configuration below starts once.
 import pytest
 
 from pytest_llmperf import Request, Workload
+from pytest_llmperf.runner import STEADY_MAX_PASSES
 
 pytest.importorskip("vllm")
 
@@ -36,6 +37,9 @@ def test_streams_every_token_and_exposes_its_configuration(vllm_engine, llmperf)
     # the paging recorder rides on the scheduler vLLM would have picked itself
     assert cfg["scheduler"] == ("AsyncScheduler" if cfg["async_scheduling"] else "Scheduler")
     assert vllm_engine.model_path.endswith("tiny-llama")
+    # a steady warm-up on a real engine: whole passes until two agree, at least two of them
+    steady = llmperf.run(vllm_engine, MIXED, warmup="steady")
+    assert steady.warmup == "steady" and 2 <= steady.warmup_passes <= STEADY_MAX_PASSES and steady.failed == 0
 
 
 @pytest.mark.llmperf_engine(**BASE)

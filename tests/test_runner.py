@@ -1,0 +1,96 @@
+"""The runner's warm-up: quick, steady (whole passes until two agree on throughput) and auto.
+
+Plugin mechanics only, on a FAKE engine whose passes take the times it is told; that a real engine
+warms up this way is checked on vLLM in test_vllm_engine.py and on the GPU in tests/gpu."""
+
+import pytest
+
+from pytest_llmperf import Workload
+from pytest_llmperf.engines.base import Engine
+from pytest_llmperf.runner import STEADY_MAX_PASSES, LLMPerf
+from pytest_llmperf.trace import Chunk, RunTrace, SequenceTrace
+
+WORKLOAD = Workload.offline(8, prompt_len=16, output_len=10, seed=1)
+
+
+class FakeWarmingEngine(Engine):
+    """A FAKE engine for the runner's warm-up bookkeeping: pass k of the whole workload takes
+    `durations[k]` seconds (the last one repeats); shorter workloads (the quick warm-up) take 0.01 s."""
+
+    name, version = "fake", "0"
+    max_model_len, vocab_size = 4096, 1000
+    model = None
+
+    def __init__(self, durations):
+        self.durations = list(durations)
+        self.passes: list[tuple[int, int, bool]] = []  # (requests, salt, offline)
+
+    @property
+    def config(self):
+        return {}
+
+    def run(self, workload, salt=0):
+        full = [p for p in self.passes if p[0] == len(WORKLOAD)]
+        self.passes.append((len(workload), salt, workload.is_offline))
+        elapsed = 0.01 if len(workload) < len(WORKLOAD) else self.durations[min(len(full), len(self.durations) - 1)]
+        seqs = tuple(SequenceTrace(i, 0, r.prompt_len, r.output_len, 0.0, (Chunk(elapsed, r.output_len),))
+                     for i, r in enumerate(workload.requests))
+        return RunTrace("fake", seqs, 0.0, elapsed)
+
+    def shutdown(self):
+        pass
+
+
+def test_quick_warm_up_is_a_few_requests_and_no_whole_pass():
+    engine = FakeWarmingEngine([1.0])
+    result = LLMPerf(warmup_mode="quick").run(engine, WORKLOAD)
+    assert result.warmup == "quick" and result.warmup_passes == 0
+    assert [p[0] for p in engine.passes] == [4, 8]  # four warm-up requests, then the measured pass
+
+
+def test_steady_warm_up_runs_whole_passes_until_two_agree():
+    # 2.0 s, 1.5 s, 1.2 s, then 1.19 s: passes 3 and 4 agree within 3%, the fifth pass is measured
+    engine = FakeWarmingEngine([2.0, 1.5, 1.2, 1.19, 1.19])
+    result = LLMPerf(warmup_mode="steady").run(engine, WORKLOAD)
+    assert result.warmup == "steady" and result.warmup_passes == 4
+    assert [p[0] for p in engine.passes] == [4, 8, 8, 8, 8, 8]
+    assert result.throughput.output_tokens_per_s == pytest.approx(80 / 1.19)
+    salts = [p[1] for p in engine.passes]
+    assert len(set(salts)) == len(salts)  # no pass finds another's prefix cache
+
+
+def test_a_steady_warm_up_of_a_timed_workload_runs_it_offline():
+    timed = Workload.poisson(qps=50, n=8, prompt_len=16, output_len=10, seed=1)
+    engine = FakeWarmingEngine([1.0])
+    LLMPerf(warmup_mode="steady").run(engine, timed)
+    assert [p[2] for p in engine.passes] == [True, True, True, False]  # warm-up offline, measured as given
+
+
+def test_an_engine_that_never_settles_is_warned_about_and_recorded():
+    engine = FakeWarmingEngine([3.0 - 0.3 * k for k in range(STEADY_MAX_PASSES + 1)])
+    with pytest.warns(UserWarning, match=f"still changing after {STEADY_MAX_PASSES} warm-up passes"):
+        result = LLMPerf(warmup_mode="steady").run(engine, WORKLOAD)
+    assert result.warmup_passes == STEADY_MAX_PASSES
+
+
+def test_auto_is_quick_without_a_gpu_and_explicit_choices_win():
+    engine = FakeWarmingEngine([1.0])
+    perf = LLMPerf()  # auto, and no GPU sampled
+    assert perf.run(engine, WORKLOAD).warmup == "quick"
+    assert perf.run(engine, WORKLOAD, warmup="steady").warmup == "steady"
+    off = perf.run(engine, WORKLOAD, warmup=False)
+    assert off.warmup == "none" and off.warmup_passes == 0
+    with pytest.raises(ValueError, match="warmup='long': choose True, False or one of auto, quick, steady"):
+        perf.run(engine, WORKLOAD, warmup="long")
+
+
+def test_the_warm_up_option_is_checked_and_reaches_the_session_record(pytester):
+    pytester.makepyfile("""
+        def test_session_warmup(llmperf_session, llmperf):
+            assert llmperf_session.warmup == llmperf.warmup_mode == "steady"
+            assert llmperf_session.describe()["warmup"] == "steady"
+    """)
+    pytester.runpytest("--llmperf-warmup", "steady").assert_outcomes(passed=1)
+    pytester.makeini("[pytest]\nllmperf_warmup = long\n")
+    result = pytester.runpytest()
+    result.stderr.fnmatch_lines(["*llmperf_warmup='long': choose one of auto, quick, steady*"])
