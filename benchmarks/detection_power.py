@@ -97,8 +97,11 @@ def main() -> int:
     for d in (float(x) for x in args.delays.split(",")):
         env = {"LLMPERF_BENCH_STEP_DELAY_S": str(d * step_s)}
         cases[f"+{d:.0%} per-step delay"] = ({**base, "scheduler_cls": SLOW}, env)
-    measured = {name: entries(config, env, model, workload, args.runs, args.repeats, args.warmup)
-                for name, (config, env) in cases.items()}
+    measured = {}
+    for name, (config, env) in cases.items():
+        measured[name] = entries(config, env, model, workload, args.runs, args.repeats, args.warmup)
+        ratios = [e.metrics["output_tokens_per_s"] / recorded.throughput.output_tokens_per_s for e in measured[name]]
+        print(f"{name}: throughput vs baseline {[round(r, 3) for r in ratios]}", flush=True)  # kept if cut short
     table = {}
     for tolerance in (float(x) for x in args.tolerances.split(",")):
         for name, runs in measured.items():
