@@ -10,7 +10,8 @@ an engine of the same configuration with vLLM's stats on, which the plugin leave
 against the TTFT vLLM reports for the request (its front end's clock), when we saw the first/last
 token against when the engine core produced it, and our submit against the front end's arrival.
 
-    python benchmarks/overhead_fidelity.py --pairs 5 --requests 256 [--config JSON]
+    python benchmarks/overhead_fidelity.py --pairs 5 --requests 256 [--config JSON] [--bare-async]
+    (--bare-async adds vLLM's AsyncLLM, bare, to each pair: splits the front end's cost from the plugin's)
     (--config '{"llmperf_stream": "delta"}' measures the plugin streaming deltas to each request)
 Writes one JSON line to $OUT/overhead_fidelity.jsonl when OUT is set.
 """
@@ -18,10 +19,13 @@ Writes one JSON line to $OUT/overhead_fidelity.jsonl when OUT is set.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import sys
+import threading
 import time
+from functools import partial
 
 import numpy as np
 from _emit import emit
@@ -33,15 +37,64 @@ from pytest_llmperf.models import resolve_model
 from pytest_llmperf.runner import LLMPerf
 
 
-def bare_llm(model, config: dict, cpu: bool):
-    from vllm import LLM
-
+def bare_args(model, config: dict, cpu: bool) -> dict:
     args = {"model": model.path, "skip_tokenizer_init": True, "load_format": "dummy", "seed": 0,
             "max_model_len": min(model.max_position_embeddings or 4096, 4096)}
     if cpu:
         args.update(block_size=32, dtype="bfloat16")
     ours_only = {STREAM_OPTION}  # the plugin's own engine options; bare vLLM would refuse them
-    return LLM(**{**args, **{k: v for k, v in config.items() if k not in ours_only}})
+    return {**args, **{k: v for k, v in config.items() if k not in ours_only}}
+
+
+def bare_llm(model, config: dict, cpu: bool):
+    from vllm import LLM
+
+    return LLM(**bare_args(model, config, cpu))
+
+
+class BareAsync:
+    """vLLM's `AsyncLLM` with the same options and no plugin part (no recorder, no token clock), driven
+    with final-only outputs from its own loop thread: splits the plugin's cost from the front end's."""
+
+    def __init__(self, model, config: dict, cpu: bool) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        args = bare_args(model, config, cpu)
+
+        async def start():
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+
+        self.llm = asyncio.run_coroutine_threadsafe(start(), self.loop).result()
+
+    def throughput(self, workload: Workload, vocab: int, salt: int) -> float:
+        return asyncio.run_coroutine_threadsafe(self._drive(workload, vocab, salt), self.loop).result()
+
+    async def _drive(self, workload: Workload, vocab: int, salt: int) -> float:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        async def one(i: int) -> int:
+            params = SamplingParams(max_tokens=workload.requests[i].output_len, ignore_eos=True, detokenize=False,
+                                    temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY)
+            prompt = TokensPrompt(prompt_token_ids=workload.token_ids(i, vocab, salt))
+            n = 0
+            async for out in self.llm.generate(prompt, params, request_id=f"bare-{salt}-{i}"):
+                n = len(out.outputs[0].token_ids)
+            return n
+
+        start = time.perf_counter()
+        tokens = sum(await asyncio.gather(*(one(i) for i in range(len(workload)))))
+        return tokens / (time.perf_counter() - start)
+
+    def shutdown(self) -> None:
+        async def stop():
+            self.llm.shutdown()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result()
 
 
 def bare_throughput(llm, workload: Workload, vocab: int, salt: int) -> float:
@@ -92,6 +145,8 @@ def main() -> int:
     ap.add_argument("--config", default="{}", help="engine options for both (JSON)")
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--bare-async", action="store_true",
+                    help="also run bare AsyncLLM (what the plugin drives) to split the front end's cost from the plugin's")
     args = ap.parse_args()
     import vllm
 
@@ -103,24 +158,35 @@ def main() -> int:
     llm = bare_llm(model, config, cpu)
     gpu = detect()
     perf = LLMPerf(gpu_index=gpu.index if gpu else None)
-    bare_throughput(llm, workload, ours.vocab_size, salt=99)  # warm-up of both
-    perf.run(ours, workload)
-    ratios = []
+    aio = BareAsync(model, config, cpu) if args.bare_async else None
+    bare_throughput(llm, workload, ours.vocab_size, salt=99)  # warm-up of each
+    perf.run(ours, workload, warmup="quick")
+    if aio is not None:
+        aio.throughput(workload, ours.vocab_size, salt=98)
+    ratios, async_ratios = [], []
     for i in range(args.pairs):
-        if i % 2 == 0:
-            b = bare_throughput(llm, workload, ours.vocab_size, salt=i)
-            r = perf.run(ours, workload, warmup=False)
-        else:
-            r = perf.run(ours, workload, warmup=False)
-            b = bare_throughput(llm, workload, ours.vocab_size, salt=i)
-        ratios.append(r.throughput.output_tokens_per_s / b)
-        print(f"pair {i}: plugin {r.throughput.output_tokens_per_s:.0f} tok/s, bare {b:.0f} tok/s, ratio {ratios[-1]:.4f}",
+        passes = {
+            "bare": partial(bare_throughput, llm, workload, ours.vocab_size, salt=i),
+            "plugin": lambda: perf.run(ours, workload, warmup=False).throughput.output_tokens_per_s,
+        }
+        if aio is not None:
+            passes["bare AsyncLLM"] = partial(aio.throughput, workload, ours.vocab_size, salt=200 + i)
+        order = list(passes) if i % 2 == 0 else list(reversed(passes))  # alternate who goes first
+        rate = {name: passes[name]() for name in order}
+        ratios.append(rate["plugin"] / rate["bare"])
+        if aio is not None:
+            async_ratios.append(rate["plugin"] / rate["bare AsyncLLM"])
+        print(f"pass {i}: " + ", ".join(f"{k} {v:.0f} tok/s" for k, v in rate.items()) + f", ratio {ratios[-1]:.4f}",
               flush=True)
     ours.shutdown()
+    if aio is not None:
+        aio.shutdown()
     traces = [stats_on_pass(model, config, workload)]
     row = {"vllm": vllm.__version__, "device": gpu.name if gpu else "cpu", "model": args.model, "config": config,
            "requests": args.requests, "pairs": args.pairs, "median_ratio": round(statistics.median(ratios), 4),
            "min_ratio": round(min(ratios), 4), "max_ratio": round(max(ratios), 4), "fidelity": fidelity(traces)}
+    if async_ratios:
+        row["median_ratio_vs_bare_async"] = round(statistics.median(async_ratios), 4)
     emit("overhead_fidelity", row)
     return 0
 
