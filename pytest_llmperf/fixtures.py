@@ -34,7 +34,7 @@ def llmperf(request: pytest.FixtureRequest, llmperf_session: Session) -> LLMPerf
     gpu_index = llmperf_session.gpu.index if llmperf_session.gpu else None
     perf = LLMPerf(test_id=request.node.nodeid, on_broken=llmperf_session.pool.discard, gpu_index=gpu_index,
                    times=llmperf_session.pool.times, roofline_of=llmperf_session.roofline,
-                   warmup_mode=llmperf_session.warmup)
+                   warmup_mode=llmperf_session.warmup, steady_engines=llmperf_session.steady_engines)
     if properties.is_property_test(request.node):
         perf.check = properties.checker(request.node.stash.get(LIMITS, []), llmperf_session.retries)
     request.node.stash[PERF] = perf

@@ -134,7 +134,7 @@ class PerfResult:
     label: str = ""
     partial: bool = False  # the run crashed after these repeats: reported, never a pass
     warmup: str = "none"  # "quick", "steady" or "none" (runner.py says what each does)
-    warmup_passes: int = 0  # whole-workload passes a steady warm-up took before measuring
+    warmup_passes: int = 0  # whole passes a steady warm-up took (0: the engine was steady from an earlier run)
 
     @property
     def error_rate(self) -> float:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, MutableSet, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -18,8 +19,9 @@ from .workload import Workload
 WARMUP_REQUESTS = 4
 # "quick": a few requests load kernels and allocate buffers (enough on a CPU). "steady": then whole
 # passes of the workload until two in a row agree on output throughput: a GPU engine keeps getting
-# faster for several passes as it meets new batch shapes (docs/performance.md, detection power).
-# "auto": steady where a GPU is sampled, quick elsewhere.
+# faster for several passes as it meets new batch shapes (docs/performance.md, detection power); once
+# per engine, since the engine stays warm for the session's later runs. "auto": steady where a GPU is
+# sampled, quick elsewhere.
 WARMUP_MODES = ("auto", "quick", "steady")
 STEADY_AGREEMENT = 0.03
 STEADY_MAX_PASSES = 6
@@ -45,6 +47,7 @@ class LLMPerf:
     check: Callable[[PerfResult, Workload, Callable[[], PerfResult]], None] | None = None
     times: PhaseTimes = field(default_factory=PhaseTimes)  # the session's, where the plugin runs it
     warmup_mode: str = "auto"  # what warmup=True means (--llmperf-warmup)
+    steady_engines: MutableSet[Engine] = field(default_factory=weakref.WeakSet)  # warmed until steady (the session's)
     sweeps: list[Sweep] = field(default_factory=list)
     results: list[PerfResult] = field(default_factory=list)
     engines: list[Engine] = field(default_factory=list)
@@ -125,10 +128,12 @@ class LLMPerf:
         return mode
 
     def _warm_up(self, engine: Engine, workload: Workload, mode: str) -> int:
-        """Returns the whole-workload passes a steady warm-up took (0 for quick)."""
+        """Returns the whole-workload passes a steady warm-up took (0 for quick, or for an engine an
+        earlier run already brought to a steady rate)."""
         engine.run(_warmup_of(workload), salt=_WARMUP_SALT)
-        if mode == "quick":
+        if mode == "quick" or engine in self.steady_engines:
             return 0
+        self.steady_engines.add(engine)
         offline = workload.as_offline()  # arrival times would cap the rate this watches
         rates: list[float] = []
         while len(rates) < STEADY_MAX_PASSES:

@@ -3,6 +3,8 @@ what every test recorded. The plugin's hooks and fixtures both read it from here
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import MutableSet
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ class Session:
     report_dir: Path | None = None
     retries: int = 2
     warmup: str = "auto"  # what llmperf.run(warmup=True) does (runner.WARMUP_MODES)
+    steady_engines: MutableSet[Engine] = field(default_factory=weakref.WeakSet)  # warmed until steady once
     openai_defaults: dict[str, Any] = field(default_factory=dict)
     server_options: dict[str, Any] = field(default_factory=dict)
     records: list[TestRecord] = field(default_factory=list)

@@ -59,6 +59,16 @@ def test_steady_warm_up_runs_whole_passes_until_two_agree():
     assert len(set(salts)) == len(salts)  # no pass finds another's prefix cache
 
 
+def test_an_engine_is_warmed_until_steady_once_and_stays_warm_for_later_runs():
+    engine, other = FakeWarmingEngine([2.0, 1.5, 1.2, 1.19]), FakeWarmingEngine([1.0])
+    steady = set()  # the session's record, shared by every test's llmperf
+    first = LLMPerf(warmup_mode="steady", steady_engines=steady).run(engine, WORKLOAD)
+    later = LLMPerf(warmup_mode="steady", steady_engines=steady).run(engine, WORKLOAD)
+    assert (first.warmup_passes, later.warmup_passes) == (4, 0) and later.warmup == "steady"
+    assert [p[0] for p in engine.passes[-2:]] == [4, 8]  # the later run: quick warm-up, then measured
+    assert LLMPerf(warmup_mode="steady", steady_engines=steady).run(other, WORKLOAD).warmup_passes == 2
+
+
 def test_a_steady_warm_up_of_a_timed_workload_runs_it_offline():
     timed = Workload.poisson(qps=50, n=8, prompt_len=16, output_len=10, seed=1)
     engine = FakeWarmingEngine([1.0])
