@@ -27,6 +27,7 @@ def test_an_engine_killed_mid_run_fails_its_requests_and_is_restarted(vllm_engin
     threading.Timer(1.5, lambda: [p.kill() for p in victims]).start()
     r = llmperf.run(vllm_engine, Workload.offline(8, prompt_len=64, output_len=2000), warmup=False)
     assert r.failed == r.n_sequences == 8 and any("EngineDeadError" in e for e in r.errors)
+    assert r.kv.fragmentation_max is None and r.kv.preemptions is None  # not measured, never zeros
     fresh = vllm_engine_factory(**OWN)
     assert fresh is not vllm_engine
     assert llmperf.run(fresh, Workload.offline(4, 32, 8), warmup=False).failed == 0
