@@ -76,8 +76,11 @@ def test_usage_counts_only_scrapes_answered_during_the_run():
     from pytest_llmperf.engines.openai import _Scraper
 
     scraper = _Scraper(client=None, url="", interval=0.1)
-    # (sent, answered, values): the third one is answered after the run
-    scraper.rows = [(0.0, 0.1, {}), (1.1, 1.2, {}), (1.9, 3.1, {}), (3.2, 3.3, {})]
+    # (sent, answered, values): the third one is answered after the run; the fourth, in the run, came
+    # before the server's first step of it (no request running or waiting: its usage gauge is idle)
+    busy = {"running": 3.0, "waiting": 1.0, "usage": 0.2}
+    scraper.rows = [(0.0, 0.1, busy), (1.1, 1.2, busy), (1.9, 3.1, busy), (3.2, 3.3, busy),
+                    (1.0, 1.05, {"running": 0.0, "waiting": 0.0, "usage": 0.0})]
     assert scraper.scrapes_within(1.0, 3.0) == 1 and scraper.scrapes_within(4.0, 5.0) == 0
 
 
