@@ -10,7 +10,7 @@ from typing import Any
 
 from .engines.base import Engine
 from .gpu import NvmlSampler
-from .metrics import PerfResult, summarize
+from .metrics import PerfResult, summarize, throughput
 from .sweep import Sweep, SweepPoint, holds
 from .timing import PhaseTimes
 from .trace import Roofline, RunTrace
@@ -137,7 +137,7 @@ class LLMPerf:
         offline = workload.as_offline()  # arrival times would cap the rate this watches
         rates: list[float] = []
         while len(rates) < STEADY_MAX_PASSES:
-            rates.append(_output_rate(engine.run(offline, salt=_WARMUP_SALT + 1 + len(rates))))
+            rates.append(throughput(engine.run(offline, salt=_WARMUP_SALT + 1 + len(rates))).output_tokens_per_s)
             if len(rates) >= 2 and abs(rates[-1] - rates[-2]) <= STEADY_AGREEMENT * rates[-2]:
                 return len(rates)
         warnings.warn(
@@ -204,11 +204,6 @@ def _workload_of(factory: Callable[[float], Workload], value: float) -> Workload
 def _warmup_of(workload: Workload) -> Workload:
     """A few of the workload's own requests, offline: enough to load kernels and allocate buffers."""
     return Workload(workload.requests[:WARMUP_REQUESTS], seed=workload.seed, kind="warmup").as_offline()
-
-
-def _output_rate(trace: RunTrace) -> float:
-    elapsed = trace.end_t - trace.start_t
-    return sum(s.output_tokens for s in trace.sequences) / elapsed if elapsed > 0 else 0.0
 
 
 def _check_args(engine: Any, workload: Any, repeats: Any) -> None:
