@@ -326,11 +326,9 @@ class VLLMEngine(Engine):
         start = time.perf_counter()
         sequences = self._call(self._drive(workload, salt, self._runs))
         end = time.perf_counter()
-        if not self.alive:  # the engine core died mid-run with this run's samples unwritten (vllm_sampler.py)
-            return RunTrace("vllm", tuple(sequences), start, end, (), kv_measures=frozenset(),
-                            extra={"vllm_version": self.version})
-        kv = self._read_kv_samples()
-        return RunTrace("vllm", tuple(sequences), start, end, kv, kv_measures=KV_MEASURES,
+        # an engine core that died mid-run took this run's samples with it (vllm_sampler.py): not measured
+        kv = self._read_kv_samples() if self.alive else ()
+        return RunTrace("vllm", tuple(sequences), start, end, kv, kv_measures=KV_MEASURES if kv else frozenset(),
                         extra={"vllm_version": self.version})
 
     async def _reset_prefix_cache(self) -> None:
