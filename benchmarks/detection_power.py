@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 from _emit import emit
@@ -112,6 +113,8 @@ def main() -> int:
                 "throughput": sum("output_tokens_per_s" in f for f in flags),
                 "ttft_p99": sum("p99_ttft_ms" in f for f in flags),
                 "paging": sum(any(m.startswith("kv_") for m in f) for f in flags),
+                # which metrics a verdict named: a false alarm is only actionable once its metric is known
+                "by_metric": dict(Counter(m for f in flags for m in f)),
             }
             print(f"{name} @ tolerance {tolerance:.0%}", row, flush=True)
     changes = {name: [round(e.metrics["output_tokens_per_s"] / stored["entries"][0]["metrics"]["output_tokens_per_s"], 3)

@@ -13,6 +13,8 @@ token against when the engine core produced it, and our submit against the front
     python benchmarks/overhead_fidelity.py --pairs 5 --requests 256 [--config JSON] [--bare-async]
     (--bare-async adds vLLM's AsyncLLM, bare, to each pair: splits the front end's cost from the plugin's)
     (--config '{"llmperf_stream": "delta"}' measures the plugin streaming deltas to each request)
+    (--ablate adds the plugin with one part taken out at a time: the offline gate, NVML sampling, the
+     paging recorder (an engine of its own): says which part costs what)
 Writes one JSON line to $OUT/overhead_fidelity.jsonl when OUT is set.
 """
 
@@ -25,6 +27,7 @@ import statistics
 import sys
 import threading
 import time
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -97,6 +100,40 @@ class BareAsync:
         asyncio.run_coroutine_threadsafe(stop(), self.loop).result()
 
 
+class NoRecorderEngine(VLLMEngine):
+    """Ablation only: the plugin's engine without the paging recorder (vLLM's own scheduler class)."""
+
+    def _engine_args(self, config: dict):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        engine_args = super()._engine_args(config)
+        engine_args.scheduler_cls = AsyncEngineArgs.scheduler_cls
+        return engine_args
+
+    def _read_kv_samples(self):
+        return ()
+
+
+def ablations(model, config: dict, workload: Workload, ours: VLLMEngine, perf: LLMPerf) -> tuple[dict, list]:
+    """Passes of the plugin with one part out, and the engines they started (to shut down)."""
+    # a closed loop as wide as the batch: the same requests at once, but not offline, so not gated
+    ungated = replace(workload, concurrency=len(workload), kind="closed_loop")
+    no_nvml = LLMPerf()
+    no_recorder = NoRecorderEngine(model, config)
+    perf.run(no_recorder, workload, warmup="quick")
+    passes = {
+        "plugin, no gate": partial(plugin_rate, perf, ours, ungated),
+        "plugin, no recorder": partial(plugin_rate, perf, no_recorder, workload),
+    }
+    if perf.gpu_index is not None:
+        passes["plugin, no NVML"] = partial(plugin_rate, no_nvml, ours, workload)
+    return passes, [no_recorder]
+
+
+def plugin_rate(perf: LLMPerf, engine: VLLMEngine, workload: Workload) -> float:
+    return perf.run(engine, workload, warmup=False).throughput.output_tokens_per_s
+
+
 def bare_throughput(llm, workload: Workload, vocab: int, salt: int) -> float:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -147,6 +184,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--bare-async", action="store_true",
                     help="also run bare AsyncLLM (what the plugin drives) to split the front end's cost from the plugin's")
+    ap.add_argument("--ablate", action="store_true", help="also run the plugin with one part out at a time")
     args = ap.parse_args()
     import vllm
 
@@ -163,22 +201,28 @@ def main() -> int:
     perf.run(ours, workload, warmup="quick")
     if aio is not None:
         aio.throughput(workload, ours.vocab_size, salt=98)
+    parts, extra_engines = ablations(model, config, workload, ours, perf) if args.ablate else ({}, [])
     ratios, async_ratios = [], []
+    rates: dict[str, list[float]] = {}
     for i in range(args.pairs):
         passes = {
             "bare": partial(bare_throughput, llm, workload, ours.vocab_size, salt=i),
-            "plugin": lambda: perf.run(ours, workload, warmup=False).throughput.output_tokens_per_s,
+            "plugin": partial(plugin_rate, perf, ours, workload),
+            **parts,
         }
         if aio is not None:
             passes["bare AsyncLLM"] = partial(aio.throughput, workload, ours.vocab_size, salt=200 + i)
         order = list(passes) if i % 2 == 0 else list(reversed(passes))  # alternate who goes first
         rate = {name: passes[name]() for name in order}
+        for name, value in rate.items():
+            rates.setdefault(name, []).append(value)
         ratios.append(rate["plugin"] / rate["bare"])
         if aio is not None:
             async_ratios.append(rate["plugin"] / rate["bare AsyncLLM"])
         print(f"pass {i}: " + ", ".join(f"{k} {v:.0f} tok/s" for k, v in rate.items()) + f", ratio {ratios[-1]:.4f}",
               flush=True)
-    ours.shutdown()
+    for engine in (ours, *extra_engines):
+        engine.shutdown()
     if aio is not None:
         aio.shutdown()
     traces = [stats_on_pass(model, config, workload)]
@@ -187,6 +231,9 @@ def main() -> int:
            "min_ratio": round(min(ratios), 4), "max_ratio": round(max(ratios), 4), "fidelity": fidelity(traces)}
     if async_ratios:
         row["median_ratio_vs_bare_async"] = round(statistics.median(async_ratios), 4)
+    # each variant against bare LLM.generate of the same pair, median over the pairs
+    row["median_ratio_by_variant"] = {name: round(statistics.median(v / b for v, b in zip(values, rates["bare"])), 4)
+                                      for name, values in rates.items() if name != "bare"}
     emit("overhead_fidelity", row)
     return 0
 

@@ -31,11 +31,11 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..models import ModelSpec
 from ..trace import Chunk, EngineTimes, KVSample, RunTrace, SequenceTrace
-from ..workload import Workload
+from ..workload import Request, Workload
 from .base import Engine, EngineError, wait_for_turn
 
 SAMPLER = "pytest_llmperf.engines.vllm_sampler.recording_scheduler"
@@ -125,6 +125,15 @@ class TokenClock:
     def forget(self) -> None:
         self._keys.clear()
         self.times.clear()
+
+
+class _Prepared(NamedTuple):
+    """One request as vLLM takes it, built before the pass's clock starts."""
+
+    prompt: Any  # vllm.inputs.TokensPrompt
+    params: Any  # vllm.SamplingParams
+    request_id: str
+    prompt_len: int
 
 
 def _token_clock(llm: Any, mode: str) -> TokenClock | None:
@@ -323,8 +332,7 @@ class VLLMEngine(Engine):
         self._call(self._reset_prefix_cache())
         if self._clock is not None:
             self._clock.forget()
-        start = time.perf_counter()
-        sequences = self._call(self._drive(workload, salt, self._runs))
+        start, sequences = self._call(self._drive(workload, salt, self._runs))
         end = time.perf_counter()
         # an engine core that died mid-run took this run's samples with it (vllm_sampler.py): not measured
         kv = self._read_kv_samples() if self.alive else ()
@@ -336,19 +344,23 @@ class VLLMEngine(Engine):
         if reset is not None:
             await reset()
 
-    async def _drive(self, workload: Workload, salt: int, run: int) -> list[SequenceTrace]:
+    async def _drive(self, workload: Workload, salt: int, run: int) -> tuple[float, list[SequenceTrace]]:
+        # Prompts and sampling parameters are built before the clock starts, as a client would have
+        # them ready: built inside the pass they delayed every request behind them (docs/performance.md).
+        prepared = [self._prepare(workload, i, salt, run) for i in range(len(workload.requests))]
         start = time.perf_counter()
-        gate = f"g{workload.num_sequences}-" if workload.is_offline else ""
         slots = asyncio.Semaphore(workload.concurrency) if workload.concurrency else None
-        tasks = [
-            asyncio.create_task(self._one(workload, i, salt, f"llmperf-{gate}{run}-{i}", start, slots))
-            for i in range(len(workload.requests))
-        ]
+        tasks = [asyncio.create_task(self._one(workload.requests[i], i, p, start, slots)) for i, p in enumerate(prepared)]
         results = await asyncio.gather(*tasks)
-        return [s for seqs in results for s in seqs]
+        return start, [s for seqs in results for s in seqs]
 
-    async def _one(self, workload: Workload, i: int, salt: int, request_id: str, start: float,
-                   slots: asyncio.Semaphore | None) -> list[SequenceTrace]:
+    def _request_id(self, workload: Workload, run: int, i: int) -> str:
+        """The id the recorder reads: an offline batch is named with its size so that the recorder
+        hands it to the scheduler at once (vllm_sampler.py, the offline gate)."""
+        gate = f"g{workload.num_sequences}-" if workload.is_offline else ""
+        return f"llmperf-{gate}{run}-{i}"
+
+    def _prepare(self, workload: Workload, i: int, salt: int, run: int) -> _Prepared:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -359,13 +371,17 @@ class VLLMEngine(Engine):
                                 temperature=0.0 if req.n == 1 else 1.0,
                                 output_kind=RequestOutputKind.DELTA if self._clock is None else
                                 RequestOutputKind.FINAL_ONLY)
+        return _Prepared(TokensPrompt(prompt_token_ids=ids), params, self._request_id(workload, run, i), len(ids))
+
+    async def _one(self, req: Request, i: int, prepared: _Prepared, start: float,
+                   slots: asyncio.Semaphore | None) -> list[SequenceTrace]:
         await wait_for_turn(req, start, slots)
         chunks: list[list[Chunk]] = [[] for _ in range(req.n)]
         submit = time.perf_counter()
         error = None
         stats = None
         try:
-            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=ids), params, request_id=request_id):
+            async for out in self._llm.generate(prepared.prompt, prepared.params, request_id=prepared.request_id):
                 if self._clock is None:
                     t = time.perf_counter()
                     for comp in out.outputs:
@@ -378,11 +394,11 @@ class VLLMEngine(Engine):
             if slots is not None:
                 slots.release()
         if self._clock is not None:
-            chunks = self._clock.take(request_id, req.n)
+            chunks = self._clock.take(prepared.request_id, req.n)
         if error and "EngineDead" in error:
             self.alive = False
         engine_times = _engine_times(stats) if req.n == 1 else None
-        return [SequenceTrace(i, k, len(ids), req.output_len, submit, tuple(c), error, engine_times)
+        return [SequenceTrace(i, k, prepared.prompt_len, req.output_len, submit, tuple(c), error, engine_times)
                 for k, c in enumerate(chunks)]
 
     def _scheduler_class(self) -> str | None:
