@@ -10,6 +10,7 @@ unless given.
     python benchmarks/detection_power.py --runs 10 [--repeats 1] [--tolerances 0.05,0.10] [--delays 0.05,0.10,0.20]
         [--model shape:tiny-llama] [--config JSON]   (engine options added to every case, e.g. enforce_eager)
         [--warmup auto|quick|steady]   (each engine's warm-up before its runs; auto: steady on a GPU)
+        [--cases unchanged,delay]   (only the cases whose name contains one of these)
 """
 
 from __future__ import annotations
@@ -63,6 +64,18 @@ def flagged(stored, measured, tolerance):
     return [sorted({r.metric for r in v.regressions}) for v in verdicts]
 
 
+def judged(flags: list[list[str]]) -> dict:
+    return {
+        "runs": len(flags),
+        "any_regression": sum(bool(f) for f in flags),
+        "throughput": sum("output_tokens_per_s" in f for f in flags),
+        "ttft_p99": sum("p99_ttft_ms" in f for f in flags),
+        "paging": sum(any(m.startswith("kv_") for m in f) for f in flags),
+        # which metrics a verdict named: a false alarm is only actionable once its metric is known
+        "by_metric": dict(Counter(m for f in flags for m in f)),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=10)
@@ -72,6 +85,7 @@ def main() -> int:
     ap.add_argument("--delays", default="0.05,0.10")
     ap.add_argument("--model", default="shape:tiny-llama")
     ap.add_argument("--config", default="{}", help="engine options added to every case (JSON)")
+    ap.add_argument("--cases", default="", help="run only the cases whose name contains one of these (comma-separated)")
     ap.add_argument("--warmup", default="auto", choices=WARMUP_MODES, help="each engine's warm-up before its runs")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))  # slow_scheduler, for the engine-core process too
@@ -98,25 +112,17 @@ def main() -> int:
     for d in (float(x) for x in args.delays.split(",")):
         env = {"LLMPERF_BENCH_STEP_DELAY_S": str(d * step_s)}
         cases[f"+{d:.0%} per-step delay"] = ({**base, "scheduler_cls": SLOW}, env)
-    measured = {}
+    if args.cases:
+        cases = {k: v for k, v in cases.items() if any(part in k for part in args.cases.split(","))}
+    tolerances = [float(x) for x in args.tolerances.split(",")]
+    measured, table = {}, {}
     for name, (config, env) in cases.items():
         measured[name] = entries(config, env, model, workload, args.runs, args.repeats, args.warmup)
         ratios = [e.metrics["output_tokens_per_s"] / recorded.throughput.output_tokens_per_s for e in measured[name]]
-        print(f"{name}: throughput vs baseline {[round(r, 3) for r in ratios]}", flush=True)  # kept if cut short
-    table = {}
-    for tolerance in (float(x) for x in args.tolerances.split(",")):
-        for name, runs in measured.items():
-            flags = flagged(stored, runs, tolerance)
-            table[f"{name} @ {tolerance:.0%}"] = row = {
-                "runs": len(flags),
-                "any_regression": sum(bool(f) for f in flags),
-                "throughput": sum("output_tokens_per_s" in f for f in flags),
-                "ttft_p99": sum("p99_ttft_ms" in f for f in flags),
-                "paging": sum(any(m.startswith("kv_") for m in f) for f in flags),
-                # which metrics a verdict named: a false alarm is only actionable once its metric is known
-                "by_metric": dict(Counter(m for f in flags for m in f)),
-            }
-            print(f"{name} @ tolerance {tolerance:.0%}", row, flush=True)
+        print(f"{name}: throughput vs baseline {[round(r, 3) for r in ratios]}", flush=True)
+        for tolerance in tolerances:  # printed per case, so a run cut short keeps what it judged
+            table[f"{name} @ {tolerance:.0%}"] = row = judged(flagged(stored, measured[name], tolerance))
+            print(f"  @ tolerance {tolerance:.0%}", row, flush=True)
     changes = {name: [round(e.metrics["output_tokens_per_s"] / stored["entries"][0]["metrics"]["output_tokens_per_s"], 3)
                       for e in runs] for name, runs in measured.items()}
     out = {"model": args.model, "config": base, "repeats": args.repeats, "warmup": args.warmup, "runs": args.runs,

@@ -34,7 +34,7 @@ import numpy as np
 from _emit import emit
 
 from pytest_llmperf import Workload
-from pytest_llmperf.engines.vllm import STREAM_OPTION, VLLMEngine, _is_cpu_build
+from pytest_llmperf.engines.vllm import OWN_OPTIONS, VLLMEngine, _is_cpu_build
 from pytest_llmperf.gpu import detect
 from pytest_llmperf.models import resolve_model
 from pytest_llmperf.runner import LLMPerf
@@ -45,8 +45,7 @@ def bare_args(model, config: dict, cpu: bool) -> dict:
             "max_model_len": min(model.max_position_embeddings or 4096, 4096)}
     if cpu:
         args.update(block_size=32, dtype="bfloat16")
-    ours_only = {STREAM_OPTION}  # the plugin's own engine options; bare vLLM would refuse them
-    return {**args, **{k: v for k, v in config.items() if k not in ours_only}}
+    return {**args, **{k: v for k, v in config.items() if k not in OWN_OPTIONS}}  # bare vLLM refuses ours
 
 
 def bare_llm(model, config: dict, cpu: bool):
@@ -193,6 +192,8 @@ def main() -> int:
     model = resolve_model(args.model)
     workload = Workload.offline(args.requests, prompt_len=(16, 512), output_len=(16, 256), seed=1)
     ours = VLLMEngine(model, config)
+    # the same batch limits for bare vLLM: left unset, `LLM` and `AsyncLLM` fill in different ones
+    config = {**config, **{k: ours.config[k] for k in ("max_num_seqs", "max_num_batched_tokens")}}
     llm = bare_llm(model, config, cpu)
     gpu = detect()
     perf = LLMPerf(gpu_index=gpu.index if gpu else None)

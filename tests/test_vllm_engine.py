@@ -122,6 +122,25 @@ def test_a_missing_vllm_access_path_is_an_error_naming_the_version_not_zeros(vll
     assert "not reported as zeros" in message
 
 
+@pytest.mark.llmperf_engine(**BASE)
+def test_unset_batch_limits_take_vllm_serve_defaults_or_llm_ones(vllm_engine, vllm_engine_factory):
+    # AsyncLLM alone fills unset max_num_seqs / max_num_batched_tokens with neither `vllm serve`'s
+    # values nor `LLM`'s: the adapter names the usage context, `vllm serve`'s unless asked
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    tokens, seqs = EngineArgs.get_batch_defaults(world_size=1)
+    serve, llm = UsageContext.OPENAI_API_SERVER, UsageContext.LLM_CLASS
+    cfg = vllm_engine.config
+    assert cfg["llmperf_defaults"] == "serve"
+    assert (cfg["max_num_seqs"], cfg["max_num_batched_tokens"]) == (seqs[serve], tokens[serve])
+    offline = vllm_engine_factory(llmperf_defaults="llm", **BASE).config
+    assert offline["llmperf_defaults"] == "llm"
+    assert (offline["max_num_seqs"], offline["max_num_batched_tokens"]) == (seqs[llm], tokens[llm])
+    with pytest.raises(Exception, match="llmperf_defaults='offline': choose 'serve'"):
+        vllm_engine_factory(llmperf_defaults="offline", **BASE)
+
+
 @pytest.mark.llmperf_engine(disable_log_stats=False, **BASE)
 def test_token_times_follow_the_engine_core_and_match_delta_streaming(vllm_engine, vllm_engine_factory, llmperf):
     # the default clock stamps each step's tokens where the front end receives them: never before

@@ -12,6 +12,8 @@ of 0.10.0-0.33.0 (research/vllm-internals.md).
   per-request coroutine wakes per token, and tokens are stamped earlier (docs/performance.md).
   Where the wrap is impossible, or with the engine option `llmperf_stream="delta"`, requests stream
   `DELTA` outputs and are stamped on receipt, as a streaming client of vLLM would (0.26, 0.32).
+- `from_engine_args(..., usage_context=UsageContext.OPENAI_API_SERVER)` (or `LLM_CLASS`, engine option
+  `llmperf_defaults="llm"`): vLLM fills unset batch limits from the usage context (0.10-0.33).
 - `scheduler_cls` set to the paging recorder (on `AsyncScheduler` or `Scheduler`, as vLLM would have
   chosen: vllm_sampler.py), which writes per-step KV samples to a file the test
   process reads after each run (engine-core runs in its own process).
@@ -45,6 +47,12 @@ CPU_KV_SPACE_GIB = "2"
 KV_MEASURES = frozenset({"fragmentation", "usage", "preemptions", "prefix_hit_rate"})
 DEFAULT_RUN_TIMEOUT_S = 900.0
 STREAM_OPTION = "llmperf_stream"  # ours, not vLLM's: "clock" (default) or "delta"
+# ours: whose defaults vLLM fills in for the batch limits not set (max_num_seqs, max_num_batched_tokens).
+# They depend on vLLM's usage context and the hardware, and `AsyncLLM.from_engine_args` alone takes
+# neither set (on an H200: `vllm serve` 1024 / 8192, `LLM` 1024 / 16384, ours before 128 / 2048).
+DEFAULTS_OPTION = "llmperf_defaults"
+USAGE_CONTEXTS = {"serve": "OPENAI_API_SERVER", "llm": "LLM_CLASS"}
+OWN_OPTIONS = frozenset({STREAM_OPTION, DEFAULTS_OPTION})  # never handed to vLLM
 
 
 def run_timeout_s() -> float:
@@ -168,11 +176,15 @@ class VLLMEngine(Engine):
         self._recorder_error: str | None = None
         self._runs = 0
         self._user_config = dict(config)
-        config = {k: v for k, v in config.items() if k != STREAM_OPTION}
+        config = {k: v for k, v in config.items() if k not in OWN_OPTIONS}
         stream = self._user_config.get(STREAM_OPTION, "clock")
         if stream not in ("clock", "delta"):
             raise EngineError(f"{STREAM_OPTION}={stream!r}: choose 'clock' (token times from the output processor) "
                               "or 'delta' (vLLM streams every step's tokens to each request)")
+        self._defaults = self._user_config.get(DEFAULTS_OPTION, "serve")
+        if self._defaults not in USAGE_CONTEXTS:
+            raise EngineError(f"{DEFAULTS_OPTION}={self._defaults!r}: choose 'serve' (vLLM's defaults for `vllm serve`) "
+                              "or 'llm' (its defaults for the offline `vllm.LLM`)")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="llmperf-vllm-loop", daemon=True)
         self._thread.start()
@@ -238,12 +250,14 @@ class VLLMEngine(Engine):
             )
 
     async def _start(self, config: dict[str, Any]) -> Any:
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         os.environ["LLMPERF_KV_TRACE"] = self._trace_path  # inherited by the engine-core process
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         try:
-            return AsyncLLM.from_engine_args(self._engine_args(config))
+            return AsyncLLM.from_engine_args(self._engine_args(config),
+                                             usage_context=UsageContext[USAGE_CONTEXTS[self._defaults]])
         except EngineError:
             raise
         except Exception as e:
@@ -273,6 +287,7 @@ class VLLMEngine(Engine):
             "enforce_eager": mc.enforce_eager,
             "device": "cpu" if self._cpu else "cuda",
             STREAM_OPTION: "clock" if self._clock is not None else "delta",
+            DEFAULTS_OPTION: self._defaults,
             "scheduler": self._scheduler,
             "log_stats": bool(getattr(self._llm, "log_stats", False)),
         }
