@@ -168,6 +168,9 @@ class PerfResult:
         return d
 
 
+THROUGHPUT_METRICS = ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s")
+
+
 def flat_metrics(r: PerfResult) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for name in LATENCY_METRICS:
@@ -325,6 +328,27 @@ def percentile_noise(values: Sequence[float], q: float) -> float | None:
     estimates = np.percentile(arr[rng.integers(0, arr.size, size=(resamples, arr.size))], q, axis=1)
     lo, hi = np.percentile(estimates, [2.5, 97.5])
     return float((hi - lo) / 2 / point)
+
+
+def pass_noise(rates: Sequence[float], settled: bool) -> float:
+    """How far one whole pass of an engine may land from the next by chance, from a steady warm-up's
+    pass throughputs: half the range of the last passes over their median. Settled, the last two (they
+    agreed); not settled, the last three, which still hold the drift that kept the engine from settling."""
+    tail = list(rates[-2:] if settled else rates[-3:])
+    if len(tail) < 2 or not np.median(tail):
+        return 0.0
+    return float((max(tail) - min(tail)) / 2 / np.median(tail))
+
+
+def with_timing_noise(result: PerfResult, noise: float) -> PerfResult:
+    """`result` with every timing metric's noise raised to at least `noise` (a relative half-width, as
+    `latency_noise`): a whole pass is as uncertain as the engine's pass-to-pass variation. Paging and
+    memory are not timing and keep theirs."""
+    if noise <= 0:
+        return result
+    flat = result.per_repeat[0] if result.per_repeat else {}
+    timing = [k for k in flat if k.endswith("_ms") or k in THROUGHPUT_METRICS]
+    return replace(result, noise={**result.noise, **{k: round(max(result.noise.get(k, 0.0), noise), 6) for k in timing}})
 
 
 def latency_noise(samples: dict[str, Sequence[float]]) -> dict[str, float]:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Callable, Mapping, MutableSet, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .engines.base import Engine
 from .gpu import NvmlSampler
-from .metrics import PerfResult, summarize, throughput
+from .metrics import PerfResult, pass_noise, summarize, throughput, with_timing_noise
 from .sweep import Sweep, SweepPoint, holds
 from .timing import PhaseTimes
 from .trace import Roofline, RunTrace
@@ -21,7 +21,8 @@ WARMUP_REQUESTS = 4
 # passes of the workload until two in a row agree on output throughput: a GPU engine keeps getting
 # faster for several passes as it meets new batch shapes (docs/performance.md, detection power); once
 # per engine, since the engine stays warm for the session's later runs. "auto": steady where a GPU is
-# sampled, quick elsewhere.
+# sampled, quick elsewhere. The spread of the last steady passes is the engine's pass-to-pass noise:
+# every later result of that engine carries it, so a baseline comparison is never tighter than it.
 WARMUP_MODES = ("auto", "quick", "steady")
 STEADY_AGREEMENT = 0.03
 STEADY_MAX_PASSES = 6
@@ -47,7 +48,8 @@ class LLMPerf:
     check: Callable[[PerfResult, Workload, Callable[[], PerfResult]], None] | None = None
     times: PhaseTimes = field(default_factory=PhaseTimes)  # the session's, where the plugin runs it
     warmup_mode: str = "auto"  # what warmup=True means (--llmperf-warmup)
-    steady_engines: MutableSet[Engine] = field(default_factory=weakref.WeakSet)  # warmed until steady (the session's)
+    # engines warmed until steady, with the pass-to-pass noise their warm-up saw (the session's)
+    steady_engines: MutableMapping[Engine, float] = field(default_factory=weakref.WeakKeyDictionary)
     sweeps: list[Sweep] = field(default_factory=list)
     results: list[PerfResult] = field(default_factory=list)
     engines: list[Engine] = field(default_factory=list)
@@ -75,6 +77,7 @@ class LLMPerf:
             raise
         result = replace(summarize(traces, workload.hash, len(workload), label=label),
                          warmup=mode or "none", warmup_passes=passes)
+        result = with_timing_noise(result, self.steady_engines.get(engine, 0.0))
         self._keep_result(result, engine, workload)
         if self.check is not None:
             self.check(result, workload, lambda: self._again(engine, workload, repeats, label))
@@ -133,17 +136,19 @@ class LLMPerf:
         engine.run(_warmup_of(workload), salt=_WARMUP_SALT)
         if mode == "quick" or engine in self.steady_engines:
             return 0
-        self.steady_engines.add(engine)
         offline = workload.as_offline()  # arrival times would cap the rate this watches
         rates: list[float] = []
         while len(rates) < STEADY_MAX_PASSES:
             rates.append(throughput(engine.run(offline, salt=_WARMUP_SALT + 1 + len(rates))).output_tokens_per_s)
             if len(rates) >= 2 and abs(rates[-1] - rates[-2]) <= STEADY_AGREEMENT * rates[-2]:
+                self.steady_engines[engine] = pass_noise(rates, settled=True)
                 return len(rates)
+        noise = self.steady_engines[engine] = pass_noise(rates, settled=False)
         warnings.warn(
             f"llmperf: output throughput still changing after {len(rates)} warm-up passes "
             f"({', '.join(f'{r:.0f}' for r in rates)} tok/s): the engine is not steady, so results may drift; "
-            "use repeats >= 3, a CUDA-graph (non-eager) configuration, or a longer workload", stacklevel=3)
+            f"its timing metrics carry ±{noise:.0%} of noise, which baseline comparisons allow for. Use repeats >= 3, "
+            "a CUDA-graph (non-eager) configuration, or a longer workload", stacklevel=3)
         return len(rates)
 
     def _keep(self, sweep: Sweep) -> Sweep:

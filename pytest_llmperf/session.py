@@ -4,7 +4,7 @@ what every test recorded. The plugin's hooks and fixtures both read it from here
 from __future__ import annotations
 
 import weakref
-from collections.abc import MutableSet
+from collections.abc import MutableMapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,8 @@ class Session:
     report_dir: Path | None = None
     retries: int = 2
     warmup: str = "auto"  # what llmperf.run(warmup=True) does (runner.WARMUP_MODES)
-    steady_engines: MutableSet[Engine] = field(default_factory=weakref.WeakSet)  # warmed until steady once
+    # warmed until steady once, with the pass-to-pass noise their warm-up saw (runner.py)
+    steady_engines: MutableMapping[Engine, float] = field(default_factory=weakref.WeakKeyDictionary)
     openai_defaults: dict[str, Any] = field(default_factory=dict)
     server_options: dict[str, Any] = field(default_factory=dict)
     records: list[TestRecord] = field(default_factory=list)

@@ -6,7 +6,9 @@ warms up this way is checked on vLLM in test_vllm_engine.py and on the GPU in te
 import pytest
 
 from pytest_llmperf import Workload
+from pytest_llmperf import baseline as bl
 from pytest_llmperf.engines.base import Engine
+from pytest_llmperf.gating import result_entry
 from pytest_llmperf.runner import STEADY_MAX_PASSES, LLMPerf
 from pytest_llmperf.trace import Chunk, RunTrace, SequenceTrace
 
@@ -61,7 +63,7 @@ def test_steady_warm_up_runs_whole_passes_until_two_agree():
 
 def test_an_engine_is_warmed_until_steady_once_and_stays_warm_for_later_runs():
     engine, other = FakeWarmingEngine([2.0, 1.5, 1.2, 1.19]), FakeWarmingEngine([1.0])
-    steady = set()  # the session's record, shared by every test's llmperf
+    steady = {}  # the session's record, shared by every test's llmperf
     first = LLMPerf(warmup_mode="steady", steady_engines=steady).run(engine, WORKLOAD)
     later = LLMPerf(warmup_mode="steady", steady_engines=steady).run(engine, WORKLOAD)
     assert (first.warmup_passes, later.warmup_passes) == (4, 0) and later.warmup == "steady"
@@ -81,6 +83,31 @@ def test_an_engine_that_never_settles_is_warned_about_and_recorded():
     with pytest.warns(UserWarning, match=f"still changing after {STEADY_MAX_PASSES} warm-up passes"):
         result = LLMPerf(warmup_mode="steady").run(engine, WORKLOAD)
     assert result.warmup_passes == STEADY_MAX_PASSES
+
+
+def test_a_warm_up_that_never_settles_widens_the_baseline_comparison_of_timing_metrics_only():
+    # passes alternate 1.0 s / 1.25 s: never two alike, so the runner cannot tell a regression from
+    # this engine's own swing; the last three warm-up passes (1.25, 1.0, 1.25 s) give its noise
+    engine = FakeWarmingEngine([1.0, 1.25] * STEADY_MAX_PASSES)
+    perf = LLMPerf(warmup_mode="steady")
+    with pytest.warns(UserWarning, match="carry ±12% of noise"):
+        baseline = perf.run(engine, WORKLOAD)
+    swing = (80 / 1.0 - 80 / 1.25) / 2 / (80 / 1.25)
+    assert baseline.noise["output_tokens_per_s"] == pytest.approx(swing) == 0.125
+    assert baseline.noise["p99_e2e_ms"] >= swing and "kv_preemptions" not in baseline.noise
+    later = perf.run(engine, WORKLOAD, warmup=False)  # the engine keeps its noise for later results
+    assert later.noise["output_tokens_per_s"] == baseline.noise["output_tokens_per_s"]
+    stored = bl.document("t", "any", "model", {}, [result_entry(baseline, WORKLOAD, 0)])
+    verdict = bl.compare(stored, [result_entry(later, WORKLOAD, 0)])
+    slower = next(r for r in verdict.rows if r.metric == "output_tokens_per_s")
+    assert slower.change == pytest.approx(-0.2) and slower.allowed == pytest.approx(0.25) and verdict.status == "pass"
+
+
+def test_a_settled_warm_up_leaves_the_tolerance_alone():
+    engine = FakeWarmingEngine([2.0, 1.2, 1.19])
+    result = LLMPerf(warmup_mode="steady").run(engine, WORKLOAD)
+    assert result.noise["output_tokens_per_s"] < 0.01  # half the 3% agreement at most
+    assert FakeWarmingEngine([1.0]) not in LLMPerf(warmup_mode="quick").steady_engines
 
 
 def test_auto_is_quick_without_a_gpu_and_explicit_choices_win():
