@@ -35,6 +35,8 @@ test: $(STAMP) lint
 bench: $(STAMP)
 	$(PY) benchmarks/import_time.py
 	$(PY) benchmarks/time_to_verdict.py
+	cd benchmarks && $(abspath $(PY)) overhead_fidelity.py --pairs 6 --requests 256 --bare-async
+	cd benchmarks && $(abspath $(PY)) detection_power.py --runs 10 --tolerances 0.05,0.10
 	$(PY) -c "import sys; from pytest_llmperf.gpu import device_count; sys.exit(0 if device_count() else 3)" \
 		&& $(PY) benchmarks/nvml_overhead.py --engine hf || echo "no GPU: benchmarks/nvml_overhead.py skipped"
 

@@ -2,7 +2,7 @@
 
 Overhead: the same offline workload (token-id prompts, mixed lengths) through bare vLLM
 (`LLM.generate`, no plugin) and through `llmperf.run` with every recorder on (per-step paging
-recorder, NVML where there is a GPU), in interleaved pairs whose order alternates; the ratio of output
+recorder, NVML where there is a GPU), in interleaved rounds whose order rotates; the ratio of output
 throughputs (plugin / bare), median over the pairs.
 
 Fidelity: our client-side timestamps against vLLM's own per-request ones (`RequestOutput.metrics`, on
@@ -10,7 +10,9 @@ an engine of the same configuration with vLLM's stats on, which the plugin leave
 against the TTFT vLLM reports for the request (its front end's clock), when we saw the first/last
 token against when the engine core produced it, and our submit against the front end's arrival.
 
-    python benchmarks/overhead_fidelity.py --pairs 5 --requests 256 [--config JSON] [--bare-async]
+    python benchmarks/overhead_fidelity.py --pairs 6 --requests 256 [--config JSON] [--bare-async]
+    (each pair runs every variant once, in an order rotated by one per pair: pairs a multiple of the
+     variants gives each variant every position equally)
     (--bare-async adds vLLM's AsyncLLM, bare, to each pair: splits the front end's cost from the plugin's)
     (--config '{"llmperf_stream": "delta"}' measures the plugin streaming deltas to each request)
     (--ablate adds the plugin with one part taken out at a time: the offline gate, NVML sampling, the
@@ -179,7 +181,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="shape:tiny-llama")
     ap.add_argument("--config", default="{}", help="engine options for both (JSON)")
-    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--bare-async", action="store_true",
                     help="also run bare AsyncLLM (what the plugin drives) to split the front end's cost from the plugin's")
@@ -213,7 +215,10 @@ def main() -> int:
         }
         if aio is not None:
             passes["bare AsyncLLM"] = partial(aio.throughput, workload, ours.vocab_size, salt=200 + i)
-        order = list(passes) if i % 2 == 0 else list(reversed(passes))  # alternate who goes first
+        # rotate who goes first: with three or more variants, reversing every other pair kept the
+        # middle one (the plugin) in the middle every time, and on the H200 the pass position mattered
+        names = list(passes)
+        order = names[i % len(names):] + names[:i % len(names)]
         rate = {name: passes[name]() for name in order}
         for name, value in rate.items():
             rates.setdefault(name, []).append(value)
