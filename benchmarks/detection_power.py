@@ -64,6 +64,20 @@ def flagged(stored, measured, tolerance):
     return [sorted({r.metric for r in v.regressions}) for v in verdicts]
 
 
+def largest_changes(stored, measured) -> dict:
+    """Per compared timing metric, the largest relative change of any run from the baseline: the
+    noise a tolerance has to cover on this machine, metric by metric."""
+    base = stored["entries"][0]["metrics"]
+    out = {}
+    for metric in bl.COMPARED:
+        if metric in bl.PAGING or not base.get(metric):
+            continue
+        changes = [abs(e.metrics[metric] / base[metric] - 1) for e in measured if e.metrics.get(metric) is not None]
+        if changes:
+            out[metric] = round(max(changes), 3)
+    return out
+
+
 def judged(flags: list[list[str]]) -> dict:
     return {
         "runs": len(flags),
@@ -120,6 +134,7 @@ def main() -> int:
         measured[name] = entries(config, env, model, workload, args.runs, args.repeats, args.warmup)
         ratios = [e.metrics["output_tokens_per_s"] / recorded.throughput.output_tokens_per_s for e in measured[name]]
         print(f"{name}: throughput vs baseline {[round(r, 3) for r in ratios]}", flush=True)
+        print(f"  largest change per metric: {largest_changes(stored, measured[name])}", flush=True)
         for tolerance in tolerances:  # printed per case, so a run cut short keeps what it judged
             table[f"{name} @ {tolerance:.0%}"] = row = judged(flagged(stored, measured[name], tolerance))
             print(f"  @ tolerance {tolerance:.0%}", row, flush=True)

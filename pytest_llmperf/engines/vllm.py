@@ -13,7 +13,8 @@ of 0.10.0-0.33.0 (research/vllm-internals.md).
   Where the wrap is impossible, or with the engine option `llmperf_stream="delta"`, requests stream
   `DELTA` outputs and are stamped on receipt, as a streaming client of vLLM would (0.26, 0.32).
 - `from_engine_args(..., usage_context=UsageContext.OPENAI_API_SERVER)` (or `LLM_CLASS`, engine option
-  `llmperf_defaults="llm"`): vLLM fills unset batch limits from the usage context (0.10-0.33).
+  `llmperf_defaults="llm"`): vLLM fills unset batch limits from the usage context (0.26 on the H200,
+  0.32 on the CPU; `EngineArgs.get_batch_defaults` in 0.32).
 - `scheduler_cls` set to the paging recorder (on `AsyncScheduler` or `Scheduler`, as vLLM would have
   chosen: vllm_sampler.py), which writes per-step KV samples to a file the test
   process reads after each run (engine-core runs in its own process).
