@@ -217,7 +217,8 @@ def main() -> int:
         if aio is not None:
             passes["bare AsyncLLM"] = partial(aio.throughput, workload, ours.vocab_size, salt=200 + i)
         # rotate who goes first: with three or more variants, reversing every other pair kept the
-        # middle one (the plugin) in the middle every time, and on the H200 the pass position mattered
+        # middle one (the plugin) in the middle every time, so a cost of running there could not be
+        # told from a cost of the plugin
         names = list(passes)
         order = names[i % len(names):] + names[:i % len(names)]
         rate = {name: passes[name]() for name in order}
