@@ -206,7 +206,6 @@ def main() -> int:
     if aio is not None:
         aio.throughput(workload, ours.vocab_size, salt=98)
     parts, extra_engines = ablations(model, config, workload, ours, perf) if args.ablate else ({}, [])
-    ratios, async_ratios = [], []
     rates: dict[str, list[float]] = {}
     for i in range(args.pairs):
         passes = {
@@ -224,22 +223,24 @@ def main() -> int:
         rate = {name: passes[name]() for name in order}
         for name, value in rate.items():
             rates.setdefault(name, []).append(value)
-        ratios.append(rate["plugin"] / rate["bare"])
-        if aio is not None:
-            async_ratios.append(rate["plugin"] / rate["bare AsyncLLM"])
-        print(f"pass {i}: " + ", ".join(f"{k} {v:.0f} tok/s" for k, v in rate.items()) + f", ratio {ratios[-1]:.4f}",
-              flush=True)
+        print(f"pass {i}: " + ", ".join(f"{k} {v:.0f} tok/s" for k, v in rate.items())
+              + f", ratio {rate['plugin'] / rate['bare']:.4f}", flush=True)
     for engine in (ours, *extra_engines):
         engine.shutdown()
     if aio is not None:
         aio.shutdown()
     traces = [stats_on_pass(model, config, workload)]
+
+    def ratios(over: str) -> list[float]:  # plugin / `over`, round by round
+        return [p / b for p, b in zip(rates["plugin"], rates[over])]
+
     row = {"vllm": vllm.__version__, "device": gpu.name if gpu else "cpu", "model": args.model, "config": config,
-           "requests": args.requests, "pairs": args.pairs, "median_ratio": round(statistics.median(ratios), 4),
-           "min_ratio": round(min(ratios), 4), "max_ratio": round(max(ratios), 4), "fidelity": fidelity(traces)}
-    if async_ratios:
-        row["median_ratio_vs_bare_async"] = round(statistics.median(async_ratios), 4)
-    # each variant against bare LLM.generate of the same pair, median over the pairs
+           "requests": args.requests, "pairs": args.pairs, "median_ratio": round(statistics.median(ratios("bare")), 4),
+           "min_ratio": round(min(ratios("bare")), 4), "max_ratio": round(max(ratios("bare")), 4),
+           "fidelity": fidelity(traces)}
+    if aio is not None:
+        row["median_ratio_vs_bare_async"] = round(statistics.median(ratios("bare AsyncLLM")), 4)
+    # each variant against bare LLM.generate of the same round, median over the rounds
     row["median_ratio_by_variant"] = {name: round(statistics.median(v / b for v, b in zip(values, rates["bare"])), 4)
                                       for name, values in rates.items() if name != "bare"}
     emit("overhead_fidelity", row)

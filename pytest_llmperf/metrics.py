@@ -335,9 +335,8 @@ def pass_noise(rates: Sequence[float], settled: bool) -> float:
     pass throughputs: half the range of the last passes over their median. Settled, the last two (they
     agreed); not settled, the last three, which still hold the drift that kept the engine from settling."""
     tail = list(rates[-2:] if settled else rates[-3:])
-    if len(tail) < 2 or not np.median(tail):
-        return 0.0
-    return float((max(tail) - min(tail)) / 2 / np.median(tail))
+    mid = float(np.median(tail)) if len(tail) >= 2 else 0.0
+    return (max(tail) - min(tail)) / 2 / mid if mid else 0.0
 
 
 def with_timing_noise(result: PerfResult, noise: float) -> PerfResult:

@@ -142,7 +142,6 @@ class _Prepared(NamedTuple):
     prompt: Any  # vllm.inputs.TokensPrompt
     params: Any  # vllm.SamplingParams
     request_id: str
-    prompt_len: int
 
 
 def _token_clock(llm: Any, mode: str) -> TokenClock | None:
@@ -363,20 +362,22 @@ class VLLMEngine(Engine):
     async def _drive(self, workload: Workload, salt: int, run: int) -> tuple[float, list[SequenceTrace]]:
         # Prompts and sampling parameters are built before the clock starts, as a client would have
         # them ready: built inside the pass they delayed every request behind them (docs/performance.md).
-        prepared = [self._prepare(workload, i, salt, run) for i in range(len(workload.requests))]
+        ids = self._request_ids(workload, run)
+        prepared = [self._prepare(workload, i, salt, ids[i]) for i in range(len(workload.requests))]
         start = time.perf_counter()
         slots = asyncio.Semaphore(workload.concurrency) if workload.concurrency else None
         tasks = [asyncio.create_task(self._one(workload.requests[i], i, p, start, slots)) for i, p in enumerate(prepared)]
         results = await asyncio.gather(*tasks)
         return start, [s for seqs in results for s in seqs]
 
-    def _request_id(self, workload: Workload, run: int, i: int) -> str:
-        """The id the recorder reads: an offline batch is named with its size so that the recorder
+    @staticmethod
+    def _request_ids(workload: Workload, run: int) -> list[str]:
+        """The ids the recorder reads: an offline batch is named with its size so that the recorder
         hands it to the scheduler at once (vllm_sampler.py, the offline gate)."""
         gate = f"g{workload.num_sequences}-" if workload.is_offline else ""
-        return f"llmperf-{gate}{run}-{i}"
+        return [f"llmperf-{gate}{run}-{i}" for i in range(len(workload.requests))]
 
-    def _prepare(self, workload: Workload, i: int, salt: int, run: int) -> _Prepared:
+    def _prepare(self, workload: Workload, i: int, salt: int, request_id: str) -> _Prepared:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -387,7 +388,7 @@ class VLLMEngine(Engine):
                                 temperature=0.0 if req.n == 1 else 1.0,
                                 output_kind=RequestOutputKind.DELTA if self._clock is None else
                                 RequestOutputKind.FINAL_ONLY)
-        return _Prepared(TokensPrompt(prompt_token_ids=ids), params, self._request_id(workload, run, i), len(ids))
+        return _Prepared(TokensPrompt(prompt_token_ids=ids), params, request_id)
 
     async def _one(self, req: Request, i: int, prepared: _Prepared, start: float,
                    slots: asyncio.Semaphore | None) -> list[SequenceTrace]:
@@ -414,7 +415,7 @@ class VLLMEngine(Engine):
         if error and "EngineDead" in error:
             self.alive = False
         engine_times = _engine_times(stats) if req.n == 1 else None
-        return [SequenceTrace(i, k, prepared.prompt_len, req.output_len, submit, tuple(c), error, engine_times)
+        return [SequenceTrace(i, k, req.prompt_len, req.output_len, submit, tuple(c), error, engine_times)
                 for k, c in enumerate(chunks)]
 
     def _scheduler_class(self) -> str | None:
