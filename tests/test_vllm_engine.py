@@ -26,7 +26,12 @@ def test_streams_every_token_and_exposes_its_configuration(vllm_engine, llmperf)
     import vllm
 
     r = llmperf.run(vllm_engine, MIXED)
-    assert [s.output_tokens for s in vllm_engine.run(MIXED).sequences] == [q.output_len for q in MIXED.requests]
+    trace = vllm_engine.run(MIXED)
+    assert [s.output_tokens for s in trace.sequences] == [q.output_len for q in MIXED.requests]
+    # the recorder accounts for its own time in the engine core, per run (not cumulative)
+    again = vllm_engine.run(MIXED)
+    for t in (trace, again):
+        assert 0 < t.extra["recorder_s"] < t.end_t - t.start_t
     assert r.ttft.count == 24 and r.failed == 0
     assert r.throughput.output_tokens_per_s > 0 and r.itl.count > 0
     cfg = vllm_engine.config

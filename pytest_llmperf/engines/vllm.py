@@ -173,6 +173,7 @@ class VLLMEngine(Engine):
         open(self._trace_path, "w").close()
         self._trace_offset = 0
         self._counters = (0, 0, 0)  # preemptions, prefix queries, prefix hits seen at the end of the last run
+        self._cost_seen = 0  # the recorder's cumulative cost (ns) at the end of the last run
         self._recorder_error: str | None = None
         self._runs = 0
         self._user_config = dict(config)
@@ -350,9 +351,12 @@ class VLLMEngine(Engine):
         start, sequences = self._call(self._drive(workload, salt, self._runs))
         end = time.perf_counter()
         # an engine core that died mid-run took this run's samples with it (vllm_sampler.py): not measured
-        kv = self._read_kv_samples() if self.alive else ()
+        kv, recorder_s = self._read_recorder() if self.alive else ((), None)
+        extra = {"vllm_version": self.version}
+        if recorder_s is not None:
+            extra["recorder_s"] = recorder_s  # the recorder's own time in the engine core this run
         return RunTrace("vllm", tuple(sequences), start, end, kv, kv_measures=KV_MEASURES if kv else frozenset(),
-                        extra={"vllm_version": self.version})
+                        extra=extra)
 
     async def _reset_prefix_cache(self) -> None:
         reset = getattr(self._llm, "reset_prefix_cache", None)
@@ -429,13 +433,23 @@ class VLLMEngine(Engine):
                     return line[len(SCHEDULER_PREFIX):].strip()
         return None
 
-    def _read_kv_samples(self) -> tuple[KVSample, ...]:
-        from .vllm_sampler import ERROR_PREFIX, FIELDS
+    def _read_recorder(self) -> tuple[tuple[KVSample, ...], float | None]:
+        """What the recorder wrote since the last run: its samples and the seconds it spent on them."""
+        from .vllm_sampler import COST_PREFIX
 
         with open(self._trace_path) as f:
             f.seek(self._trace_offset)
             text = f.read()
             self._trace_offset = f.tell()
+        costs = [int(ln[len(COST_PREFIX):]) for ln in text.splitlines() if ln.startswith(COST_PREFIX)]
+        recorder_s = None
+        if costs:
+            recorder_s, self._cost_seen = (costs[-1] - self._cost_seen) / 1e9, costs[-1]
+        return self._parse_samples(text), recorder_s
+
+    def _parse_samples(self, text: str) -> tuple[KVSample, ...]:
+        from .vllm_sampler import ERROR_PREFIX, FIELDS
+
         lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
         broken = [ln[len(ERROR_PREFIX):] for ln in lines if ln.startswith(ERROR_PREFIX)]
         if broken or self._recorder_error:

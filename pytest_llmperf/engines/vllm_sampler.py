@@ -49,6 +49,7 @@ except ImportError:  # vLLM without async scheduling
 TRACE_ENV = "LLMPERF_KV_TRACE"
 ERROR_PREFIX = "ERROR,"
 SCHEDULER_PREFIX = "#scheduler="
+COST_PREFIX = "#cost_ns="
 GATE = re.compile(r"llmperf-g(\d+)-(\d+)-")
 # column order of a trace line; the adapter parses with the same tuple
 FIELDS = ("t", "blocks_used", "blocks_total", "block_size", "tokens_stored", "running", "waiting",
@@ -72,35 +73,46 @@ class _Recording:
         self._stats_obj: Any = None
         self._stats_seen = (0, 0)
         self._broken = False
+        # wall time spent in the recorder's own code, cumulative: the share of the engine's critical path
+        # the plugin takes, measured where throughput ratios between passes are too noisy to show it
+        self._cost_ns = 0
         if self._out is not None:
             self._guarded(self._count_prefix_hits)
             self._guarded(self._sample)  # a missing access path is reported before the first request
 
     # -- the offline gate -------------------------------------------------------------------
     def add_request(self, request: Any) -> None:
+        t0 = time.perf_counter_ns()
         m = GATE.search(request.request_id)
         if m is None:
+            self._cost_ns += time.perf_counter_ns() - t0
             return super().add_request(request)
         expected, run = int(m.group(1)), m.group(2)
         held = self._held.setdefault(run, [])
         held.append(request)
-        if len(held) >= expected:
-            for r in self._held.pop(run):
-                super().add_request(r)
+        released = self._held.pop(run) if len(held) >= expected else ()
+        self._cost_ns += time.perf_counter_ns() - t0
+        for r in released:
+            super().add_request(r)
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
         # an abort of a request still held at the gate: drop it there, vLLM never saw it
+        t0 = time.perf_counter_ns()
         ids = {request_ids} if isinstance(request_ids, str) else set(request_ids or ())
         for run, held in list(self._held.items()):
             self._held[run] = [r for r in held if r.request_id not in ids]
+        self._cost_ns += time.perf_counter_ns() - t0
         out = super().finish_requests(request_ids, finished_status)
         self._flush_if_idle()  # aborted runs end here, not in update_from_output
         return out
 
     # -- one sample per step ----------------------------------------------------------------
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter_ns()
         before = list(self.running)
+        t1 = time.perf_counter_ns()
         out = super().schedule(*args, **kwargs)
+        t2 = time.perf_counter_ns()
         # An idle step (nothing running or waiting) says nothing about paging, and the one that reports
         # a run's last finished requests can land after the client saw the run end: skipping idle
         # steps keeps the fingerprint of a run identical from one run to the next.
@@ -109,6 +121,7 @@ class _Recording:
             row = self._guarded(self._sample)
             if row is not None:
                 self._rows.append(row)
+        self._cost_ns += t1 - t0 + time.perf_counter_ns() - t2
         return out
 
     # A write per step cost ~3% of throughput on a 2-core CPU (docs/performance.md): samples are kept
@@ -120,9 +133,15 @@ class _Recording:
         return out
 
     def _flush_if_idle(self) -> None:
+        t0 = time.perf_counter_ns()
         if self._rows and not self.running and not self.waiting:
-            self._write("".join(",".join(map(str, row)) + "\n" for row in self._rows))
+            text = "".join(",".join(map(str, row)) + "\n" for row in self._rows)
             self._rows.clear()
+            # the write itself is counted in the next run's cost: its own line must go out with it
+            self._cost_ns += time.perf_counter_ns() - t0
+            self._write(f"{text}{COST_PREFIX}{self._cost_ns}\n")
+            return
+        self._cost_ns += time.perf_counter_ns() - t0
 
     def _write(self, text: str) -> None:
         self._out.write(text)
