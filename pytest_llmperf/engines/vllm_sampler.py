@@ -166,11 +166,15 @@ class _Recording:
         bs = mgr.block_size
         total = pool.num_gpu_blocks - 1
         physical = total - pool.get_num_free_blocks()
+        # This loop is most of the recorder's cost (1.6% of a 1,024-sequence run on an H200 before it was
+        # written this way, docs/performance.md): a local lookup and no min() call halve it.
+        blocks_of = mgr.req_to_blocks.get
         logical = tokens = 0
         for r in self.running:
-            n = len(mgr.req_to_blocks.get(r.request_id, ()))
+            n = len(blocks_of(r.request_id, ()))
             logical += n
-            tokens += min(r.num_computed_tokens, n * bs)
+            computed, room = r.num_computed_tokens, n * bs
+            tokens += computed if computed < room else room
         # Blocks are shared only when full (prefix caching, parallel samples), so every logical
         # block beyond the physical count is a full duplicate: take its tokens off once.
         tokens -= bs * max(0, logical - physical)
