@@ -4,9 +4,14 @@ Engines are shared through the plugin's pool; the plugin runs tests that share a
 together, so each configuration below starts once.
 """
 
+import time
+from collections import defaultdict
+from types import SimpleNamespace
+
 import pytest
 
 from pytest_llmperf import Request, Workload
+from pytest_llmperf.engines.vllm import TokenClock
 from pytest_llmperf.runner import STEADY_MAX_PASSES
 
 pytest.importorskip("vllm")
@@ -144,6 +149,43 @@ def test_unset_batch_limits_take_vllm_serve_defaults_or_llm_ones(vllm_engine, vl
     assert (offline["max_num_seqs"], offline["max_num_batched_tokens"]) == (seqs[llm], tokens[llm])
     with pytest.raises(Exception, match="llmperf_defaults='offline': choose 'serve'"):
         vllm_engine_factory(llmperf_defaults="offline", **BASE)
+
+
+def test_token_clock_stamps_every_slice_of_one_step_alike_on_a_fake_output_processor():
+    # plugin mechanics only (a fake processor): the real front end is checked in the next test
+    class FakeOutputProcessor:
+        request_states: dict = {}
+
+        def process_outputs(self, outputs, engine_core_timestamp=None, iteration_stats=None):
+            return len(outputs)
+
+    processor = FakeOutputProcessor()
+    clock = TokenClock(processor)
+
+    def out(name):
+        return SimpleNamespace(request_id=name, new_token_ids=[7])
+
+    assert processor.process_outputs([out("a"), out("b")], 10.0) == 2
+    time.sleep(0.002)
+    processor.process_outputs([out("c")], 10.0)  # the step's second slice
+    time.sleep(0.002)
+    processor.process_outputs([out("a")], engine_core_timestamp=10.5)  # the next step
+    (a,), (b,), (c,) = (clock.take(name, 1) for name in "abc")
+    assert a[0].t == b[0].t == c[0].t < a[1].t and [x.n_tokens for x in a] == [1, 1]
+
+
+@pytest.mark.llmperf_engine(disable_log_stats=False, max_num_seqs=64, **BASE)
+def test_a_step_sliced_by_the_front_end_keeps_one_token_time(vllm_engine_factory, monkeypatch):
+    # vLLM processes a step's outputs in slices (128 by default) and yields between them; with slices
+    # of 2, sequences whose first token came from one engine step (vLLM's first_token_ts) must still
+    # share one first-token time
+    monkeypatch.setenv("VLLM_V1_OUTPUT_PROC_CHUNK_SIZE", "2")  # read when the engine's front end starts
+    engine = vllm_engine_factory(disable_log_stats=False, max_num_seqs=64, **BASE)
+    by_step = defaultdict(set)
+    for s in engine.run(MIXED).sequences:
+        by_step[s.engine_times.first_token].add(s.chunks[0].t)
+    assert all(len(times) == 1 for times in by_step.values())
+    assert len(by_step) < len(MIXED)  # some steps gave several sequences their first token
 
 
 @pytest.mark.llmperf_engine(disable_log_stats=False, **BASE)
