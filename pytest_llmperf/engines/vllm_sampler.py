@@ -9,7 +9,8 @@ writes `#scheduler=<vLLM class>` first, so the adapter can say which one ran.
 vLLM's v1 engine core owns the block pool and runs in its own process, so the recorder is a
 `Scheduler` subclass (the one hook that reaches `kv_cache_manager` with multiprocessing on, in every v1
 version from 0.10 to 0.33) that records one line per step and appends them to the file named by
-`LLMPERF_KV_TRACE` when the engine goes idle; the test process reads the lines a run produced.
+`LLMPERF_KV_TRACE` when the engine goes idle, followed by `#cost_ns=` and the time the recorder has
+spent in its own code so far; the test process reads the lines a run produced.
 Access paths, and the versions they were checked on:
 
 - `self.kv_cache_manager.block_pool.{num_gpu_blocks, get_num_free_blocks()}` (0.10.0-0.33.0;
@@ -137,7 +138,7 @@ class _Recording:
         if self._rows and not self.running and not self.waiting:
             text = "".join(",".join(map(str, row)) + "\n" for row in self._rows)
             self._rows.clear()
-            # the write itself is counted in the next run's cost: its own line must go out with it
+            # the one write per run is left out of the count: the total goes out in that write
             self._cost_ns += time.perf_counter_ns() - t0
             self._write(f"{text}{COST_PREFIX}{self._cost_ns}\n")
             return
@@ -166,8 +167,8 @@ class _Recording:
         bs = mgr.block_size
         total = pool.num_gpu_blocks - 1
         physical = total - pool.get_num_free_blocks()
-        # This loop is most of the recorder's cost (1.6% of a 1,024-sequence run on an H200 before it was
-        # written this way, docs/performance.md): a local lookup and no min() call halve it.
+        # This O(running) loop is most of the recorder's cost (the recorder took 1.6% of a 1,024-sequence
+        # H200 run, docs/performance.md): a local lookup and no min() call halve it in a micro-benchmark.
         blocks_of = mgr.req_to_blocks.get
         logical = tokens = 0
         for r in self.running:
