@@ -17,6 +17,11 @@ token against when the engine core produced it, and our submit against the front
     (--config '{"llmperf_stream": "delta"}' measures the plugin streaming deltas to each request)
     (--ablate adds the plugin with one part taken out at a time: the offline gate, NVML sampling, the
      paging recorder (an engine of its own): says which part costs what)
+Each plugin pass is also taken apart, from the recorder's own record: its time in the engine core
+(`recorder_share_of_run`), and where the pass's span went (`plugin_phases`): first submit -> the engine's
+first busy step (submitting the batch, the offline gate), first -> last busy step (the engine), last step
+-> the last token stamped in the front end (the front end's tail).
+
 Writes one JSON line to $OUT/overhead_fidelity.jsonl when OUT is set.
 """
 
@@ -117,15 +122,27 @@ class NoRecorderEngine(VLLMEngine):
 
 
 class CostedEngine(VLLMEngine):
-    """The plugin's engine, unchanged, keeping the recorder's own time and the span of each run: the
+    """The plugin's engine, unchanged, keeping the recorder's own time and the phases of each run: the
     recorder is the plugin's only code on the engine core's critical path."""
 
     last_recorder_share = float("nan")
+    last_phases: dict = {}
 
     def run(self, workload: Workload, salt: int = 0):
         trace = super().run(workload, salt)
         self.last_recorder_share = trace.extra["recorder_s"] / (trace.end_t - trace.start_t)
+        self.last_phases = phases(trace)
         return trace
+
+
+def phases(trace) -> dict:
+    """Where one pass's span went, on the recorder's step times (busy steps only)."""
+    first_submit = min(s.submit_t for s in trace.sequences)
+    last_token = max(s.chunks[-1].t for s in trace.sequences if s.ok)
+    first_step, last_step = trace.kv[0].t, trace.kv[-1].t
+    return {"to_first_step_ms": (first_step - first_submit) * 1e3, "engine_ms": (last_step - first_step) * 1e3,
+            "tail_ms": (last_token - last_step) * 1e3, "steps": len(trace.kv),
+            "mean_step_ms": (last_step - first_step) * 1e3 / max(len(trace.kv) - 1, 1)}
 
 
 def ablations(model, config: dict, workload: Workload, ours: VLLMEngine, perf: LLMPerf) -> tuple[dict, list]:
@@ -220,10 +237,12 @@ def main() -> int:
     parts, extra_engines = ablations(model, config, workload, ours, perf) if args.ablate else ({}, [])
     rates: dict[str, list[float]] = {}
     recorder_shares: list[float] = []
+    plugin_phases: list[dict] = []
 
     def plugin_pass() -> float:
         rate = plugin_rate(perf, ours, workload)
         recorder_shares.append(ours.last_recorder_share)
+        plugin_phases.append(ours.last_phases)
         return rate
 
     for i in range(args.pairs):
@@ -244,6 +263,8 @@ def main() -> int:
             rates.setdefault(name, []).append(value)
         print(f"pass {i}: " + ", ".join(f"{k} {v:.0f} tok/s" for k, v in rate.items())
               + f", ratio {rate['plugin'] / rate['bare']:.4f}", flush=True)
+        print("  plugin pass: " + ", ".join(f"{k} {v:.1f}" for k, v in plugin_phases[-1].items())
+              + f", recorder {recorder_shares[-1]:.2%}", flush=True)
     for engine in (ours, *extra_engines):
         engine.shutdown()
     if aio is not None:
@@ -261,6 +282,7 @@ def main() -> int:
         row["median_ratio_vs_bare_async"] = round(statistics.median(ratios("bare AsyncLLM")), 4)
     # median over the plugin's passes; an upper bound on its cost where the step is CPU-bound
     row["recorder_share_of_run"] = round(statistics.median(recorder_shares), 5)
+    row["plugin_phases"] = {k: round(statistics.median(p[k] for p in plugin_phases), 3) for k in plugin_phases[0]}
     # each variant against bare LLM.generate of the same round, median over the rounds
     row["median_ratio_by_variant"] = {name: round(statistics.median(v / b for v, b in zip(values, rates["bare"])), 4)
                                       for name, values in rates.items() if name != "bare"}
