@@ -455,16 +455,17 @@ class VLLMEngine(Engine):
             f.seek(self._trace_offset)
             text = f.read()
             self._trace_offset = f.tell()
-        costs = [int(ln[len(COST_PREFIX):]) for ln in text.splitlines() if ln.startswith(COST_PREFIX)]
+        all_lines = text.splitlines()
+        costs = [int(ln[len(COST_PREFIX):]) for ln in all_lines if ln.startswith(COST_PREFIX)]
         recorder_s = None
         if costs:
             recorder_s, self._cost_seen = (costs[-1] - self._cost_seen) / 1e9, costs[-1]
-        return self._parse_samples(text), recorder_s
+        return self._parse_samples(all_lines), recorder_s
 
-    def _parse_samples(self, text: str) -> tuple[KVSample, ...]:
+    def _parse_samples(self, all_lines: list[str]) -> tuple[KVSample, ...]:
         from .vllm_sampler import ERROR_PREFIX, FIELDS
 
-        lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+        lines = [ln for ln in all_lines if ln and not ln.startswith("#")]
         broken = [ln[len(ERROR_PREFIX):] for ln in lines if ln.startswith(ERROR_PREFIX)]
         if broken or self._recorder_error:
             self._recorder_error = self._recorder_error or broken[0]

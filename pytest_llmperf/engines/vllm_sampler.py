@@ -135,14 +135,14 @@ class _Recording:
 
     def _flush_if_idle(self) -> None:
         t0 = time.perf_counter_ns()
+        text = ""
         if self._rows and not self.running and not self.waiting:
             text = "".join(",".join(map(str, row)) + "\n" for row in self._rows)
             self._rows.clear()
-            # the one write per run is left out of the count: the total goes out in that write
-            self._cost_ns += time.perf_counter_ns() - t0
-            self._write(f"{text}{COST_PREFIX}{self._cost_ns}\n")
-            return
+        # the one write per run is left out of the count: the total goes out in that write
         self._cost_ns += time.perf_counter_ns() - t0
+        if text:
+            self._write(f"{text}{COST_PREFIX}{self._cost_ns}\n")
 
     def _write(self, text: str) -> None:
         self._out.write(text)
