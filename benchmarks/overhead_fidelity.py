@@ -17,10 +17,14 @@ token against when the engine core produced it, and our submit against the front
     (--config '{"llmperf_stream": "delta"}' measures the plugin streaming deltas to each request)
     (--ablate adds the plugin with one part taken out at a time: the offline gate, NVML sampling, the
      paging recorder (an engine of its own): says which part costs what)
+    (--profile PY_SPY: one more round, not counted, with py-spy sampling the engine core and the front
+     end during the plugin's pass and bare AsyncLLM's; raw stacks to $OUT, compared by _profile.py)
 Each plugin pass is also taken apart, from the recorder's own record: its time in the engine core
 (`recorder_share_of_run`), and where the pass's span went (`plugin_phases`): first submit -> the engine's
 first busy step (submitting the batch, the offline gate), first -> last busy step (the engine), last step
--> the last token stamped in the front end (the front end's tail).
+-> the last token stamped in the front end (the front end's tail). `engines` lists what each engine
+resolved its options to (KV blocks, batch limits, async scheduling, CUDA graphs): variants that differ
+there are not the same engine.
 
 Writes one JSON line to $OUT/overhead_fidelity.jsonl when OUT is set.
 """
@@ -30,15 +34,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import threading
 import time
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 from _emit import emit
+from _profile import child_pids, new_engine_core, sampled
 
 from pytest_llmperf import Workload
 from pytest_llmperf.engines.vllm import OWN_OPTIONS, VLLMEngine, _is_cpu_build
@@ -142,7 +149,20 @@ def phases(trace) -> dict:
     first_step, last_step = trace.kv[0].t, trace.kv[-1].t
     return {"to_first_step_ms": (first_step - first_submit) * 1e3, "engine_ms": (last_step - first_step) * 1e3,
             "tail_ms": (last_token - last_step) * 1e3, "steps": len(trace.kv),
-            "mean_step_ms": (last_step - first_step) * 1e3 / max(len(trace.kv) - 1, 1)}
+            "mean_step_ms": (last_step - first_step) * 1e3 / max(len(trace.kv) - 1, 1),
+            "peak_running": max(s.running for s in trace.kv), "preemptions": trace.kv[-1].preemptions}
+
+
+def engine_facts(vcfg) -> dict:
+    """What an engine resolved its options to, where bare and plugin engines could differ unseen."""
+    sc, cc, comp = vcfg.scheduler_config, vcfg.cache_config, getattr(vcfg, "compilation_config", None)
+    sizes = getattr(comp, "cudagraph_capture_sizes", None) or []
+    return {"num_gpu_blocks": cc.num_gpu_blocks, "max_num_seqs": sc.max_num_seqs,
+            "max_num_batched_tokens": sc.max_num_batched_tokens,
+            "async_scheduling": getattr(sc, "async_scheduling", None),
+            "chunked_prefill": getattr(sc, "enable_chunked_prefill", None),
+            "prefix_caching": cc.enable_prefix_caching, "scheduler_cls": str(getattr(sc, "scheduler_cls", "")),
+            "cudagraph_mode": str(getattr(comp, "cudagraph_mode", None)), "max_cudagraph_size": max(sizes, default=0)}
 
 
 def ablations(model, config: dict, workload: Workload, ours: VLLMEngine, perf: LLMPerf) -> tuple[dict, list]:
@@ -207,6 +227,19 @@ def stats_on_pass(model, config: dict, workload: Workload):
         engine.shutdown()
 
 
+def profile_round(pyspy: str, cores: dict, ours: VLLMEngine, perf: LLMPerf, aio: BareAsync | None,
+                  workload: Workload) -> None:
+    """The plugin's pass and bare AsyncLLM's, each with its engine core and this (front-end) process sampled."""
+    out_dir = Path(os.environ.get("OUT", "."))
+    with sampled(pyspy, {"core": cores["plugin"], "front": os.getpid()}, out_dir, "plugin"):
+        rate = plugin_rate(perf, ours, workload)
+    line = f"profiled round: plugin {rate:.0f} tok/s"
+    if aio is not None:
+        with sampled(pyspy, {"core": cores["bare AsyncLLM"], "front": os.getpid()}, out_dir, "bare-async"):
+            line += f", bare AsyncLLM {aio.throughput(workload, ours.vocab_size, salt=300):.0f} tok/s"
+    print(line + f" (stacks in {out_dir}/prof-*.txt)", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="shape:tiny-llama")
@@ -216,6 +249,8 @@ def main() -> int:
     ap.add_argument("--bare-async", action="store_true",
                     help="also run bare AsyncLLM (what the plugin drives) to split the front end's cost from the plugin's")
     ap.add_argument("--ablate", action="store_true", help="also run the plugin with one part out at a time")
+    ap.add_argument("--profile", metavar="PY_SPY", default=os.environ.get("PY_SPY"),
+                    help="py-spy binary: one more round (not counted) sampled, stacks written to $OUT or .")
     args = ap.parse_args()
     import vllm
 
@@ -223,13 +258,21 @@ def main() -> int:
     config = json.loads(args.config)
     model = resolve_model(args.model)
     workload = Workload.offline(args.requests, prompt_len=(16, 512), output_len=(16, 256), seed=1)
+    before = child_pids()
     ours = CostedEngine(model, config)
+    cores = {"plugin": new_engine_core(before)}
     # the same batch limits for bare vLLM: left unset, `LLM` and `AsyncLLM` fill in different ones
     config = {**config, **{k: ours.config[k] for k in ("max_num_seqs", "max_num_batched_tokens")}}
     llm = bare_llm(model, config, cpu)
     gpu = detect()
     perf = LLMPerf(gpu_index=gpu.index if gpu else None)
+    before = child_pids()
     aio = BareAsync(model, config, cpu) if args.bare_async else None
+    cores["bare AsyncLLM"] = new_engine_core(before)
+    engines = {"plugin": engine_facts(ours._llm.vllm_config), "bare": engine_facts(llm.llm_engine.vllm_config)}
+    if aio is not None:
+        engines["bare AsyncLLM"] = engine_facts(aio.llm.vllm_config)
+    print("engines: " + json.dumps(engines), flush=True)
     bare_throughput(llm, workload, ours.vocab_size, salt=99)  # warm-up of each
     perf.run(ours, workload, warmup="quick")
     if aio is not None:
@@ -265,6 +308,8 @@ def main() -> int:
               + f", ratio {rate['plugin'] / rate['bare']:.4f}", flush=True)
         print("  plugin pass: " + ", ".join(f"{k} {v:.1f}" for k, v in plugin_phases[-1].items())
               + f", recorder {recorder_shares[-1]:.2%}", flush=True)
+    if args.profile:
+        profile_round(args.profile, cores, ours, perf, aio, workload)
     for engine in (ours, *extra_engines):
         engine.shutdown()
     if aio is not None:
@@ -277,7 +322,8 @@ def main() -> int:
     vs_bare = ratios("bare")
     row = {"vllm": vllm.__version__, "device": gpu.name if gpu else "cpu", "model": args.model, "config": config,
            "requests": args.requests, "pairs": args.pairs, "median_ratio": round(statistics.median(vs_bare), 4),
-           "min_ratio": round(min(vs_bare), 4), "max_ratio": round(max(vs_bare), 4), "fidelity": fidelity(traces)}
+           "min_ratio": round(min(vs_bare), 4), "max_ratio": round(max(vs_bare), 4), "fidelity": fidelity(traces),
+           "engines": engines}
     if aio is not None:
         row["median_ratio_vs_bare_async"] = round(statistics.median(ratios("bare AsyncLLM")), 4)
     # median over the plugin's passes; an upper bound on its cost where the step is CPU-bound
