@@ -9,6 +9,7 @@ the binary's path (`--profile`, or `PY_SPY`), e.g. the wheel's `py_spy-*.data/sc
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -61,6 +62,33 @@ def sampled(pyspy: str | None, pids: dict[str, int | None], out_dir: Path, label
                 p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+class GcPauses:
+    """This process's garbage-collector pauses while the block runs (`gc.callbacks`): a full collection
+    in the front end delays every token stamped behind it."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float]] = []  # (generation, seconds)
+        self._t0 = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.pauses.append((info["generation"], time.perf_counter() - self._t0))
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def summary(self) -> dict:
+        return {"gc_total_ms": round(sum(d for _, d in self.pauses) * 1e3, 2),
+                "gc_max_ms": round(max((d for _, d in self.pauses), default=0.0) * 1e3, 2),
+                "gc_full": sum(1 for g, _ in self.pauses if g == 2)}
 
 
 def load(path: str) -> tuple[Counter, Counter, int]:

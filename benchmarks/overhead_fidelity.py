@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 from _emit import emit
-from _profile import child_pids, new_engine_core, sampled
+from _profile import GcPauses, child_pids, new_engine_core, sampled
 
 from pytest_llmperf import Workload
 from pytest_llmperf.engines.vllm import OWN_OPTIONS, VLLMEngine, _is_cpu_build
@@ -136,9 +136,10 @@ class CostedEngine(VLLMEngine):
     last_phases: dict | None = None
 
     def run(self, workload: Workload, salt: int = 0):
-        trace = super().run(workload, salt)
+        with GcPauses() as pauses:
+            trace = super().run(workload, salt)
         self.last_recorder_share = trace.extra["recorder_s"] / (trace.end_t - trace.start_t)
-        self.last_phases = phases(trace)
+        self.last_phases = {**phases(trace), **pauses.summary()}
         return trace
 
 

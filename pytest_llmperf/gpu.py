@@ -100,19 +100,27 @@ def _text(value: bytes | str) -> str:
 
 
 class NvmlSampler:
-    """Samples one device in a background thread: memory used, utilisation, power, total energy.
+    """Samples one device in a background thread, each figure as often as it can change:
 
-    NVML calls take a few microseconds and release the GIL, so a 10 ms interval costs the engine
-    nothing measurable (benchmarks/ measures it). Use as a context manager around one run.
+    - memory used every `interval_s` (a peak can last milliseconds);
+    - utilisation and power every `slow_interval_s`: NVML averages both over its own period (1/6 s to
+      1 s), so reading them faster only repeats them;
+    - the total-energy counter at the start and the end: it is cumulative, and energy per token
+      needs only those two. Read every 10 ms it kept the sampler thread busy a third of an H200 run
+      (py-spy, docs/performance.md); its reads take milliseconds where the others take microseconds.
+
+    NVML calls release the GIL. Use as a context manager around one run.
     """
 
-    def __init__(self, index: int = 0, interval_s: float = 0.01) -> None:
+    def __init__(self, index: int = 0, interval_s: float = 0.01, slow_interval_s: float = 0.1) -> None:
         import threading
 
         import pynvml
 
         self._nvml = pynvml
         self._interval = interval_s
+        self._slow_interval = slow_interval_s
+        self._next_slow = 0.0
         self._stop = threading.Event()
         self._samples: list[GpuSample] = []
         self.error: str | None = None
@@ -120,15 +128,20 @@ class NvmlSampler:
         self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         self._thread = threading.Thread(target=self._loop, name="llmperf-nvml", daemon=True)
 
-    def _read(self) -> GpuSample:
+    def _read(self, ends: bool) -> GpuSample:
+        """One sample; `ends` (the first and the last) reads everything, the energy counter too."""
         nv, h = self._nvml, self._handle
         util = power = energy = None
-        with contextlib.suppress(nv.NVMLError):
-            util = float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
-        with contextlib.suppress(nv.NVMLError):
-            power = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
-        with contextlib.suppress(nv.NVMLError):
-            energy = int(nv.nvmlDeviceGetTotalEnergyConsumption(h))
+        now = time.perf_counter()
+        if ends or now >= self._next_slow:
+            self._next_slow = now + self._slow_interval
+            with contextlib.suppress(nv.NVMLError):
+                util = float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+            with contextlib.suppress(nv.NVMLError):
+                power = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
+        if ends:
+            with contextlib.suppress(nv.NVMLError):
+                energy = int(nv.nvmlDeviceGetTotalEnergyConsumption(h))
         mem = nv.nvmlDeviceGetMemoryInfo(h)
         return GpuSample(time.perf_counter(), int(mem.used), util, power, energy, int(mem.total))
 
@@ -138,27 +151,27 @@ class NvmlSampler:
                 return
             self._stop.wait(self._interval)
 
-    def _try_read(self) -> bool:
+    def _try_read(self, ends: bool = False) -> bool:
         """One sample; an NVML failure mid-run ends sampling (the figures so far stand, the error is
         kept for the report) instead of failing the measured run."""
         if self.error is not None:
             return False
         try:
-            self._samples.append(self._read())
+            self._samples.append(self._read(ends))
             return True
         except self._nvml.NVMLError as e:
             self.error = f"NVML failed during the run: {e}"
             return False
 
     def __enter__(self) -> NvmlSampler:
-        self._try_read()
+        self._try_read(ends=True)
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self._try_read()
+        self._try_read(ends=True)
         with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
 

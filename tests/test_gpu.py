@@ -43,6 +43,7 @@ class FakeNvml:
 
     def __init__(self, good):
         self.good, self.calls = good, 0
+        self.slow_reads = self.energy_reads = 0
 
     def nvmlInit(self):
         pass
@@ -54,12 +55,14 @@ class FakeNvml:
         return index
 
     def nvmlDeviceGetUtilizationRates(self, handle):
+        self.slow_reads += 1
         return type("U", (), {"gpu": 50})()
 
     def nvmlDeviceGetPowerUsage(self, handle):
         return 100_000
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        self.energy_reads += 1
         return 1_000 * self.calls
 
     def nvmlDeviceGetMemoryInfo(self, handle):
@@ -67,6 +70,27 @@ class FakeNvml:
         if self.calls > self.good:
             raise self.NVMLError("Unknown Error (GPU is lost)")
         return type("M", (), {"used": 2 << 30, "total": 8 << 30})()
+
+
+def test_the_sampler_reads_each_figure_only_as_often_as_it_changes(monkeypatch):
+    """Mechanics (stand-in NVML): memory every interval, utilisation and power every slow interval, the
+    cumulative energy counter only at the two ends, which is all energy per token needs."""
+    import sys
+    import time
+
+    from pytest_llmperf.gpu import NvmlSampler
+
+    nvml = FakeNvml(good=10**6)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with NvmlSampler(0, interval_s=0.001, slow_interval_s=3600) as sampler:
+        deadline = time.monotonic() + 30
+        while nvml.calls < 20 and time.monotonic() < deadline:
+            time.sleep(0.005)
+    samples = sampler.samples
+    assert len(samples) == nvml.calls >= 20
+    assert (nvml.energy_reads, nvml.slow_reads) == (2, 2)  # the first and the last sample
+    assert samples[0].energy_mj is not None and samples[-1].energy_mj is not None
+    assert all(s.energy_mj is None and s.power_w is None for s in samples[1:-1])
 
 
 def test_nvml_failing_mid_run_keeps_the_measured_run_and_warns(monkeypatch, hf_engine):
