@@ -36,6 +36,6 @@ def test_roofline_fraction_of_a_decode_dominated_run(vllm_engine_factory, llmper
     r = llmperf.run(engine, Workload.offline(128, prompt_len=32, output_len=512, seed=3))
     print(f"{engine.model.name}: {r.throughput.output_tokens_per_s:.0f} out tok/s, roofline fraction "
           f"{r.gpu.roofline_fraction}, measured bandwidth {(llmperf_session.bandwidth or 0) / 1e12:.2f} TB/s, "
-          f"steady after {r.warmup_passes} warm-up passes")
+          f"{r.warmup_passes} warm-up passes (timing noise carried: {r.noise.get('output_tokens_per_s', 0.0):.0%})")
     assert r.warmup == "steady" and r.warmup_passes >= 2  # auto: a GPU engine warms up until steady
     assert r.gpu.roofline_fraction is not None and 0 < r.gpu.roofline_fraction <= 1.0
