@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -151,6 +153,7 @@ def pytest_configure(config: pytest.Config) -> None:
         server_options=parse_engine_config(_option(config, "server-config")),
     )
     config.pluginmanager.register(RecordCollector(config.stash[SESSION]), "llmperf-records")
+    _stop_engines_on_sigterm(config)
     rounds = config.getoption("--llmperf-soak")
     if rounds < 1:
         raise pytest.UsageError(f"--llmperf-soak={rounds}: give the number of rounds, 2 or more (1 is a plain run)")
@@ -158,6 +161,33 @@ def pytest_configure(config: pytest.Config) -> None:
         gpu_index = config.stash[SESSION].gpu.index if config.stash[SESSION].gpu else None
         config.pluginmanager.register(soak.Soak(rounds, config.getoption("--llmperf-soak-limit-mib"), gpu_index),
                                       "llmperf-soak")
+
+
+_SIGTERM_HANDLER = pytest.StashKey[Callable[[int, Any], None]]()
+
+
+def _stop_engines_on_sigterm(config: pytest.Config) -> None:
+    """SIGTERM (`timeout`, `kill`, a CI runner cancelling the job) ends pytest as Ctrl-C does, through
+    its teardown, so every engine is stopped: by default Python dies at once and vLLM's engine-core
+    processes, and the GPU memory they hold, outlive the session. A second SIGTERM kills at once. Left
+    alone where someone else already handles SIGTERM, and outside the main thread (no signals there)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        pytest.exit("llmperf: terminated by SIGTERM; engines stopped before exit", returncode=128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    config.stash[_SIGTERM_HANDLER] = on_sigterm
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    ours = config.stash.get(_SIGTERM_HANDLER, None)
+    if ours is not None and signal.getsignal(signal.SIGTERM) is ours:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _warmup_option(config: pytest.Config) -> str:

@@ -1,4 +1,4 @@
-"""Engine lifecycle with real vLLM: no engine process outlives the session, even on Ctrl-C; a real
+"""Engine lifecycle with real vLLM: no engine process outlives the session, even on Ctrl-C or SIGTERM; a real
 checkpoint folder (weights on disk, not a shape) loads and runs."""
 
 import json
@@ -26,7 +26,11 @@ def test_hang(vllm_engine):
 """
 
 
-def test_ctrl_c_during_a_test_stops_every_engine_process(pytester):
+@pytest.mark.parametrize("sig, said", [
+    (signal.SIGINT, "KeyboardInterrupt"),  # Ctrl-C
+    (signal.SIGTERM, "terminated by SIGTERM; engines stopped"),  # `timeout`, `kill`, a cancelled CI job
+])
+def test_ctrl_c_or_sigterm_during_a_test_stops_every_engine_process(pytester, sig, said):
     pytester.makepyfile(test_hang=HANG)
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_hang.py", "--llmperf-engine=vllm",
@@ -40,9 +44,9 @@ def test_ctrl_c_during_a_test_stops_every_engine_process(pytester):
         time.sleep(0.5)
     pids = [int(p) for p in pids_file.read_text().split()]
     assert pids, "vLLM runs its engine core in child processes"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, _ = proc.communicate(timeout=180)
-    assert "KeyboardInterrupt" in out
+    assert said in out
     time.sleep(2)
     alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"engine processes outlived the session: {alive}"
