@@ -41,7 +41,7 @@ def new_engine_core(before: set[int]) -> int | None:
 
 @contextmanager
 def sampled(pyspy: str | None, pids: dict[str, int | None], out_dir: Path, label: str, rate: int = 200):
-    """py-spy on each named process while the block runs; raw collapsed stacks to out_dir/<label>-<name>.txt.
+    """py-spy on each named process while the block runs; raw collapsed stacks to out_dir/prof-<label>-<name>.txt.
     `--nonblocking`: the sampled process is never paused, so the sampling costs it nothing but a core."""
     procs = []
     for name, pid in pids.items():
