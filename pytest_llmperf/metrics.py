@@ -330,11 +330,11 @@ def percentile_noise(values: Sequence[float], q: float) -> float | None:
     return float((hi - lo) / 2 / point)
 
 
-def pass_noise(rates: Sequence[float], settled: bool) -> float:
+def pass_noise(rates: Sequence[float]) -> float:
     """How far one whole pass of an engine may land from the next by chance, from a steady warm-up's
-    pass throughputs: half the range of the last passes over their median. Settled, the last two (they
-    agreed); not settled, the last three, which still hold the drift that kept the engine from settling."""
-    tail = list(rates[-2:] if settled else rates[-3:])
+    pass throughputs: half the range of the last three over their median. Settled, the two that agreed
+    and the pass after them; not settled, the drift that kept the engine from settling."""
+    tail = list(rates[-3:])
     mid = float(np.median(tail)) if len(tail) >= 2 else 0.0
     return (max(tail) - min(tail)) / 2 / mid if mid else 0.0
 

@@ -47,9 +47,9 @@ def test_streams_every_token_and_exposes_its_configuration(vllm_engine, llmperf)
     # the paging recorder rides on the scheduler vLLM would have picked itself
     assert cfg["scheduler"] == ("AsyncScheduler" if cfg["async_scheduling"] else "Scheduler")
     assert vllm_engine.model_path.endswith("tiny-llama")
-    # a steady warm-up on a real engine: whole passes until two agree, at least two of them
+    # a steady warm-up on a real engine: whole passes until two agree and one more, or the most it tries
     steady = llmperf.run(vllm_engine, MIXED, warmup="steady")
-    assert steady.warmup == "steady" and 2 <= steady.warmup_passes <= STEADY_MAX_PASSES and steady.failed == 0
+    assert steady.warmup == "steady" and 3 <= steady.warmup_passes <= STEADY_MAX_PASSES + 1 and steady.failed == 0
 
 
 @pytest.mark.llmperf_engine(**BASE)
