@@ -141,6 +141,7 @@ class LLMPerf:
             return 0
         offline = workload.as_offline()  # arrival times would cap the rate this watches
         rates: list[float] = []
+
         def one_pass() -> None:
             rates.append(throughput(_drive(engine, offline, _WARMUP_SALT + 1 + len(rates))).output_tokens_per_s)
 
