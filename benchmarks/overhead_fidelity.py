@@ -16,7 +16,7 @@ token against when the engine core produced it, and our submit against the front
     (--bare-async adds vLLM's AsyncLLM, bare, to each pair: splits the front end's cost from the plugin's)
     (--config '{"llmperf_stream": "delta"}' measures the plugin streaming deltas to each request)
     (--ablate adds the plugin with one part taken out at a time: the offline gate, NVML sampling, the
-     paging recorder (an engine of its own): says which part costs what)
+     paging recorder (an engine of its own), the runner's heap freeze: says which part costs what)
     (--profile PY_SPY: one more round, not counted, with py-spy sampling the engine core and the front
      end during the plugin's pass and bare AsyncLLM's; raw stacks to $OUT, compared by _profile.py)
 Each plugin pass is also taken apart, from the recorder's own record: its time in the engine core
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -42,12 +43,13 @@ import time
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 from _emit import emit
 from _profile import GcPauses, child_pids, new_engine_core, sampled
 
-from pytest_llmperf import Workload
+from pytest_llmperf import Workload, runner
 from pytest_llmperf.engines.vllm import OWN_OPTIONS, VLLMEngine, _is_cpu_build
 from pytest_llmperf.gpu import detect
 from pytest_llmperf.models import resolve_model
@@ -176,6 +178,7 @@ def ablations(model, config: dict, workload: Workload, ours: VLLMEngine, perf: L
     passes = {
         "plugin, no gate": partial(plugin_rate, perf, ours, ungated),
         "plugin, no recorder": partial(plugin_rate, perf, no_recorder, workload),
+        "plugin, heap not frozen": partial(unfrozen_rate, perf, ours, workload),
     }
     if perf.gpu_index is not None:
         passes["plugin, no NVML"] = partial(plugin_rate, no_nvml, ours, workload)
@@ -184,6 +187,12 @@ def ablations(model, config: dict, workload: Workload, ours: VLLMEngine, perf: L
 
 def plugin_rate(perf: LLMPerf, engine: VLLMEngine, workload: Workload) -> float:
     return perf.run(engine, workload, warmup=False).throughput.output_tokens_per_s
+
+
+def unfrozen_rate(perf: LLMPerf, engine: VLLMEngine, workload: Workload) -> float:
+    """The plugin's pass without the runner's heap freeze (the garbage collector walks everything)."""
+    with mock.patch.object(runner, "static_heap", contextlib.nullcontext):
+        return plugin_rate(perf, engine, workload)
 
 
 def bare_throughput(llm, workload: Workload, vocab: int, salt: int) -> float:
