@@ -3,27 +3,13 @@ checkpoint folder (weights on disk, not a shape) loads and runs."""
 
 import json
 import signal
-import subprocess
-import sys
-import time
 
-import psutil
 import pytest
+from hanging_session import start, stop, survivors
 
 pytest.importorskip("vllm")
 
 ENGINE_CONFIG = json.dumps({"num_gpu_blocks_override": 160})
-
-HANG = """
-import time
-import psutil
-
-def test_hang(vllm_engine):
-    kids = [p.pid for p in psutil.Process().children(recursive=True)]
-    with open("pids.txt", "w") as f:
-        f.write(" ".join(map(str, kids)))
-    time.sleep(600)
-"""
 
 
 @pytest.mark.parametrize("sig, said", [
@@ -31,24 +17,13 @@ def test_hang(vllm_engine):
     (signal.SIGTERM, "terminated by SIGTERM; engines stopped"),  # `timeout`, `kill`, a cancelled CI job
 ])
 def test_ctrl_c_or_sigterm_during_a_test_stops_every_engine_process(pytester, sig, said):
-    pytester.makepyfile(test_hang=HANG)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_hang.py", "--llmperf-engine=vllm",
-         f"--llmperf-engine-config={ENGINE_CONFIG}"],
-        cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    pids_file = pytester.path / "pids.txt"
-    deadline = time.monotonic() + 240
-    while not (pids_file.exists() and pids_file.read_text()):
-        assert proc.poll() is None and time.monotonic() < deadline, "the engine never started"
-        time.sleep(0.5)
-    pids = [int(p) for p in pids_file.read_text().split()]
+    proc, pids = start(pytester, ENGINE_CONFIG)
     assert pids, "vLLM runs its engine core in child processes"
-    proc.send_signal(sig)
-    out, _ = proc.communicate(timeout=180)
+    out = stop(proc, sig)
     assert said in out
-    time.sleep(2)
-    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 143  # what a killed job reports, so CI shows the kill, not a test failure
+    alive = survivors(pids)
     assert not alive, f"engine processes outlived the session: {alive}"
 
 

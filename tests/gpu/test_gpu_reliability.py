@@ -1,12 +1,15 @@
-"""Faults on a real GPU: out of memory while an engine starts and during a run, and a soak that must
-not grow GPU or host memory. Skipped without NVML (CI); run on the H200 through the device tool
+"""Faults on a real GPU: out of memory while an engine starts and during a run, a session killed by
+SIGTERM, and a soak that must not grow GPU or host memory. Skipped without NVML (CI); run on the H200 through the device tool
 (docs/gpu-validation.md)."""
 
 import gc
+import json
+import signal
 import time
 
 import psutil
 import pytest
+from hanging_session import start, stop, survivors
 
 from pytest_llmperf import Request, Workload
 from pytest_llmperf.engines.base import EngineError
@@ -59,6 +62,24 @@ def test_vllm_out_of_memory_at_start_is_clear_and_leaves_nothing_behind(vllm_eng
     # the session goes on: the next engine starts and measures
     r = llmperf.run(vllm_engine_factory(gpu_memory_utilization=0.3, enforce_eager=True), SMALL)
     assert r.failed == 0 and r.n_sequences == 8
+
+
+def test_sigterm_to_a_session_frees_the_card(pytester, llmperf_session, gpu):
+    """`timeout`, `kill` or a cancelled CI job: the engine processes, and the GPU memory they hold, go
+    with the session, so the next job on the runner finds the card free."""
+    llmperf_session.pool.close()
+    before = memory_used(gpu.index)
+    proc, pids = start(pytester, json.dumps({"gpu_memory_utilization": 0.3, "enforce_eager": True}))
+    held = memory_used(gpu.index)
+    out = stop(proc, signal.SIGTERM)
+    alive = survivors(pids)
+    after = settle(gpu, above=before + GIB)
+    print(f"SIGTERM: exit {proc.returncode}; {(held - before) / GIB:.1f} GiB held by the engine, "
+          f"{(after - before) / GIB:.2f} GiB left after; engine processes alive: {alive}")
+    assert held - before > 0.25 * gpu.memory_total_gib * GIB  # the engine had its share of the card
+    assert proc.returncode == 143 and "terminated by SIGTERM; engines stopped" in out
+    assert not alive, f"engine processes outlived the session: {alive}"
+    assert after < before + GIB, f"{(after - before) / GIB:.1f} GiB still held after SIGTERM"
 
 
 @pytest.mark.max_error_rate(1.0)  # the huge batch fails on purpose; the test judges what follows
