@@ -48,16 +48,40 @@ class Entry:
     metrics: Mapping[str, float | None]
     per_repeat: Sequence[Mapping[str, float | None]]
     noise: Mapping[str, float] = field(default_factory=dict)  # bootstrap half-widths of latency percentiles
+    passes: int = 1  # measurements this entry is the best of (`best_of`)
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "workload_hash": self.workload_hash, "deterministic": self.deterministic,
                 "metrics": _rounded(self.metrics), "per_repeat": [_rounded(p) for p in self.per_repeat],
-                "noise": _rounded(self.noise)}
+                "noise": _rounded(self.noise), "passes": self.passes}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Entry:
         return cls(d["label"], d["workload_hash"], bool(d["deterministic"]), dict(d["metrics"]),
-                   [dict(p) for p in d.get("per_repeat", [])], dict(d.get("noise", {})))
+                   [dict(p) for p in d.get("per_repeat", [])], dict(d.get("noise", {})), int(d.get("passes", 1)))
+
+
+def best_of(entries: Sequence[Entry]) -> Entry:
+    """One result measured several times, as the best value each compared metric reached (per repeat
+    too): what the engine can do on this machine. A busy host only ever slows a pass, while a real
+    regression slows every pass, so a regression is a change that even the best pass shows. Noise is
+    the largest any pass carried: the best of several is never judged more tightly than one."""
+    first = entries[0]
+    if any(e.workload_hash != first.workload_hash or e.label != first.label for e in entries):
+        raise ValueError("best_of takes measurements of one result: same label and workload")
+    per_repeat = [_best([e.per_repeat[i] for e in entries]) for i in range(min(len(e.per_repeat) for e in entries))]
+    noise = {k: max(e.noise.get(k, 0.0) for e in entries) for e in entries for k in e.noise}
+    return Entry(first.label, first.workload_hash, all(e.deterministic for e in entries),
+                 _best([e.metrics for e in entries]), per_repeat, noise, sum(e.passes for e in entries))
+
+
+def _best(measured: Sequence[Mapping[str, float | None]]) -> dict[str, float | None]:
+    out = dict(measured[0])
+    for metric, higher_better in COMPARED.items():
+        values = [m[metric] for m in measured if m.get(metric) is not None]
+        if values:
+            out[metric] = max(values) if higher_better else min(values)
+    return out
 
 
 @dataclass(frozen=True)
@@ -71,6 +95,7 @@ class Row:
     allowed: float  # relative tolerance applied
     verdict: str  # "ok", "regression", "improvement"
     reason: str = ""
+    exact: bool = False  # a deterministic paging metric: measuring again cannot change it
 
     @property
     def change(self) -> float:
@@ -87,6 +112,12 @@ class Verdict:
     @property
     def regressions(self) -> tuple[Row, ...]:
         return tuple(r for r in self.rows if r.verdict == "regression")
+
+    def worth_measuring_again(self) -> set[str]:
+        """Labels whose regressions could all be noise: timing metrics only, no exact paging change
+        (that one fails whatever another pass shows)."""
+        exact = {r.label for r in self.regressions if r.exact}
+        return {r.label for r in self.regressions} - exact
 
 
 # -- storage ---------------------------------------------------------------------------------------
@@ -197,7 +228,9 @@ def _compare_entry(old: Entry, cur: Entry, tolerances: Mapping[str, float], defa
             verdict, reason = "ok", "within noise (not significant across repeats)"
         else:
             verdict, reason = "regression", f"{'down' if higher_better else 'up'} {change:.1%}, allowed {tol:.1%}"
-        rows.append(Row(cur.label, metric, b, c, tol, verdict, reason))
+            if cur.passes > 1:
+                reason += f", in every one of {cur.passes} passes"
+        rows.append(Row(cur.label, metric, b, c, tol, verdict, reason, exact))
     return rows
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,9 @@ class GateConfig:
     tolerance: float
     hardware: str
     model: str
+    # a result that regresses on timing metrics only is measured this many times more, and fails only
+    # if every pass regresses; a baseline is the best of 1 + retries passes
+    retries: int = 2
 
 
 def entries(perf: LLMPerf) -> list[Entry]:
@@ -95,13 +98,70 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
     path = baseline.path_for(cfg.root, test_id, cfg.hardware, cfg.model)
     current = entries(perf)
     if cfg.mode == "update":
+        try:
+            current = measured_again(perf, current, {e.label for e in current}, cfg.retries)
+        except Exception as e:  # noqa: BLE001 - the engine's own error, reported; the old baseline stays
+            raise BaselineError(f"could not measure again for the baseline ({type(e).__name__}: {e}); "
+                                f"nothing written to {path}") from e
         baseline.write(path, baseline.document(test_id, cfg.hardware, cfg.model, env, current))
         return Verdict("updated", message=f"baseline written: {path}")
     stored = baseline.load(path)
     if stored is None:
         return Verdict("no-baseline", message=f"no comparable baseline for {cfg.hardware}/{cfg.model} (looked for {path})")
-    verdict = baseline.compare(stored, current, tol, cfg.tolerance)
+    return judge(stored, perf, current, tol, cfg.tolerance, cfg.retries)
+
+
+def judge(stored: Mapping[str, Any], perf: LLMPerf, current: Sequence[Entry], tol: Mapping[str, float],
+          default_tolerance: float, retries: int) -> Verdict:
+    """The comparison, with a second look at a regression that could be noise: a result that regresses
+    on timing metrics only is measured again, up to `retries` times, and judged by its best pass. A
+    busy host slows some passes; a regression slows all of them (docs/performance.md, detection power)."""
+    verdict = baseline.compare(stored, current, tol, default_tolerance)
+    suspects = verdict.worth_measuring_again() & set(_result_indices(perf))
+    first, current = set(suspects), list(current)
+    for n in range(1, retries + 1):
+        if not suspects:
+            break
+        try:
+            current = measured_again(perf, current, suspects, 1, salt=n)
+        except Exception as e:  # noqa: BLE001 - judged on what was measured; the engine's error is shown
+            return replace(verdict, message=_joined(verdict.message, f"could not measure {', '.join(sorted(suspects))} "
+                                                    f"again ({type(e).__name__}: {e}); judged on the passes measured"))
+        verdict = baseline.compare(stored, current, tol, default_tolerance)
+        suspects &= verdict.worth_measuring_again()
+    cleared = first - {r.label for r in verdict.regressions}
+    if cleared:
+        passes = {e.label: e.passes for e in current}
+        verdict = replace(verdict, message=_joined(verdict.message, "; ".join(
+            f"{label!r} regressed in its first pass and was measured again: the best of {passes[label]} passes "
+            "is within tolerance (noise, not a regression)" for label in sorted(cleared))))
     return verdict
+
+
+def measured_again(perf: LLMPerf, current: Sequence[Entry], labels: set[str], times: int, salt: int = 1) -> list[Entry]:
+    """`current` with each result named in `labels` measured `times` more and replaced by its best
+    (`baseline.best_of`); sweep capacities are derived, not measured, and stay as they are."""
+    indices = _result_indices(perf)
+    out = list(current)
+    for pos, entry in enumerate(out):
+        if entry.label not in labels or entry.label not in indices:
+            continue
+        i = indices[entry.label]
+        again = [result_entry(perf.remeasure(i, salt + k), perf.workloads[i], i) for k in range(times)]
+        out[pos] = baseline.best_of([entry, *again])
+    return out
+
+
+def _result_indices(perf: LLMPerf) -> dict[str, int]:
+    """Baseline label -> index of the result it came from (as `entries` labels them)."""
+    out: dict[str, int] = {}
+    for i, result in enumerate(perf.results):
+        out.setdefault(result.label or str(i), i)
+    return out
+
+
+def _joined(*parts: str) -> str:
+    return "\n".join(p for p in parts if p)
 
 
 def failure_text(verdict: Verdict, env: Mapping[str, Any]) -> str:
@@ -116,4 +176,6 @@ def failure_text(verdict: Verdict, env: Mapping[str, Any]) -> str:
                     lines.append(f"  changed since the baseline: {key}.{k}: {before.get(k)} -> {after.get(k)}")
         elif before != after:
             lines.append(f"  changed since the baseline: {key}: {before} -> {after}")
+    if verdict.message:
+        lines.append("  " + verdict.message.replace("\n", "\n  "))
     return "\n".join(lines)

@@ -90,8 +90,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--llmperf-tolerance", default=None, type=float,
                     help="relative tolerance of timing metrics against a baseline (default 0.10)")
     group.addoption("--llmperf-retries", default=None, type=int,
-                    help="property tests: measure a failing example this many more times before it counts (default 2)")
-    parser.addini("llmperf_retries", "property tests: re-measurements of a failing example", default="2")
+                    help="measure a result that regresses against its baseline on timing metrics, or a failing "
+                         "property-test example, this many more times before it counts; baselines are recorded "
+                         "as the best of 1 + N passes (default 2)")
+    parser.addini("llmperf_retries", "re-measurements of a timing regression or failing property example", default="2")
     group.addoption("--llmperf-warmup", default=None, choices=WARMUP_MODES,
                     help="what llmperf.run's warm-up does: a few requests (quick), then whole passes until two agree "
                          "on throughput (steady), or auto: steady on a GPU, quick elsewhere (default)")
@@ -135,6 +137,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if mode not in gating.MODES:
         raise pytest.UsageError(f"llmperf_baseline={mode!r}: choose one of {', '.join(gating.MODES)}")
     root = Path(_option(config, "baseline-dir") or "baselines")
+    retries = int(_option(config, "retries"))
+    if retries < 0:
+        raise pytest.UsageError(f"llmperf_retries={retries}: give the number of extra measurements, 0 or more")
     config.stash[SESSION] = Session(
         engine_name=_option(config, "engine") or default_engine(),
         model_spec=model_spec,
@@ -142,10 +147,10 @@ def pytest_configure(config: pytest.Config) -> None:
         hardware=hardware,
         gpu=gpu,
         gate=gating.GateConfig(mode, root if root.is_absolute() else config.rootpath / root,
-                               float(_option(config, "tolerance")), hardware, model_spec),
+                               float(_option(config, "tolerance")), hardware, model_spec, retries),
         report_dir=Path(_option(config, "report")) if _option(config, "report") else None,
         pool=EnginePool(after_close=_release_waiter(gpu)),
-        retries=int(_option(config, "retries")),
+        retries=retries,
         warmup=_warmup_option(config),
         openai_defaults={k: v for k, v in (("base_url", _option(config, "base-url")),
                                             ("model", _option(config, "served-model")),

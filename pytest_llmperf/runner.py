@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
@@ -83,7 +84,8 @@ class LLMPerf:
         result = with_timing_noise(result, self.steady_engines.get(engine, 0.0))
         self._keep_result(result, engine, workload)
         if self.check is not None:
-            self.check(result, workload, lambda: self._again(engine, workload, repeats, label))
+            salts = itertools.count(1)
+            self.check(result, workload, lambda: self._again(engine, workload, repeats, label, next(salts)))
         return result
 
     def sweep(self, engine: Engine, workload_factory: Callable[[float], Workload], *,
@@ -171,8 +173,23 @@ class LLMPerf:
     def sweep_labels(self) -> set[str]:
         return {p.result.label for s in self.sweeps for p in s.points}
 
-    def _again(self, engine: Engine, workload: Workload, repeats: int, label: str) -> PerfResult:
-        traces = [self._measured(engine, workload, salt=100 + i) for i in range(repeats)]
+    def remeasure(self, index: int, salt: int) -> PerfResult:
+        """The test's `index`-th result measured once more on its (still warm) engine, as it was first
+        measured; not bound to the test. How the baseline gate tells noise from a regression. Give each
+        call of one result its own `salt` (1, 2, ...)."""
+        result, engine, workload = self.results[index], self.engines[index], self.workloads[index]
+        try:
+            again = self._again(engine, workload, max(len(result.per_repeat), 1), result.label, salt, "re-measurement")
+        except BaseException:
+            if self.on_broken is not None:
+                self.on_broken(engine)
+            raise
+        return with_timing_noise(again, self.steady_engines.get(engine, 0.0))
+
+    def _again(self, engine: Engine, workload: Workload, repeats: int, label: str, salt: int,
+               phase: str = "measurement") -> PerfResult:
+        # salts of their own (above the first measurement's), so no pass finds another's prefix cache
+        traces = [self._measured(engine, workload, 100 + salt * repeats + i, phase) for i in range(repeats)]
         return summarize(traces, workload.hash, len(workload), label=label)
 
     def _keep_result(self, result: PerfResult, engine: Engine, workload: Workload) -> None:
@@ -185,8 +202,8 @@ class LLMPerf:
         self.engines.append(engine)
         self.workloads.append(workload)
 
-    def _measured(self, engine: Engine, workload: Workload, salt: int) -> RunTrace:
-        with self.times.timed("measurement"):
+    def _measured(self, engine: Engine, workload: Workload, salt: int, phase: str = "measurement") -> RunTrace:
+        with self.times.timed(phase):
             trace = self._pass(engine, workload, salt)
         if trace.gpu and self.roofline_of is not None:  # outside the clock: a first call probes the bandwidth
             trace = replace(trace, roofline=self.roofline_of(engine))

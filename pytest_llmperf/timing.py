@@ -1,4 +1,5 @@
-"""Where a session's wall time goes: engine starts and stops, warm-up, measured passes.
+"""Where a session's wall time goes: engine starts and stops, warm-up, measured passes, passes measured
+again to tell noise from a regression.
 
 The rest of the wall time (collection, pytest itself, judging, reports) is what is left over. Shown in
 the terminal summary and `results.json` as the time to verdict, so that a slow gate shows what to cut.
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-PHASES = ("engine start", "warm-up", "measurement", "engine stop")
+PHASES = ("engine start", "warm-up", "measurement", "re-measurement", "engine stop")
 
 
 @dataclass
@@ -35,5 +36,6 @@ class PhaseTimes:
     def line(self, starts: int) -> str:
         s = self.summary()
         return (f"time to verdict: {s['wall']:.0f} s = engine start {s['engine start']:.0f} s ({starts} starts), "
-                f"warm-up {s['warm-up']:.0f} s, measurement {s['measurement']:.0f} s, engine stop "
+                f"warm-up {s['warm-up']:.0f} s, measurement {s['measurement']:.0f} s, re-measurement "
+                f"{s['re-measurement']:.0f} s, engine stop "
                 f"{s['engine stop']:.0f} s, other (pytest, judging, reports) {s['other']:.0f} s")

@@ -180,3 +180,87 @@ def test_an_unwritable_baselines_folder_is_a_clear_error(tmp_path):
     with pytest.raises(BaselineError, match="cannot write baseline .* make the baselines folder writable"):
         baseline.write(baseline.path_for(root, "t", "cpu", "m"), stored(entry([{"p99_ttft_ms": 1.0}])))
     assert root.read_text() == "not a folder"
+
+
+def test_best_of_takes_each_metrics_best_pass_and_the_largest_noise():
+    a = Entry("0", "w1", True, {"output_tokens_per_s": 90.0, "p99_ttft_ms": 40.0, "error_rate": 0.0},
+              [{"output_tokens_per_s": 90.0, "p99_ttft_ms": 40.0}], {"p99_ttft_ms": 0.05})
+    b = Entry("0", "w1", True, {"output_tokens_per_s": 100.0, "p99_ttft_ms": 55.0, "error_rate": 0.0},
+              [{"output_tokens_per_s": 100.0, "p99_ttft_ms": 55.0}], {"p99_ttft_ms": 0.08}, passes=2)
+    best = baseline.best_of([a, b])
+    assert best.metrics == {"output_tokens_per_s": 100.0, "p99_ttft_ms": 40.0, "error_rate": 0.0}
+    assert best.per_repeat == [{"output_tokens_per_s": 100.0, "p99_ttft_ms": 40.0}]
+    assert best.noise == {"p99_ttft_ms": 0.08} and best.passes == 3
+    assert Entry.from_dict(best.to_dict()).passes == 3
+    with pytest.raises(ValueError, match="same label and workload"):
+        baseline.best_of([a, Entry("0", "w2", True, {}, [{}])])
+
+
+def test_only_regressions_that_could_be_noise_are_worth_measuring_again():
+    old = [Entry("a", "w", True, {"kv_blocks_peak": 10, "p99_ttft_ms": 50.0}, [{}]),
+           Entry("b", "w", True, {"kv_blocks_peak": 10, "p99_ttft_ms": 50.0}, [{}])]
+    new = [Entry("a", "w", True, {"kv_blocks_peak": 12, "p99_ttft_ms": 80.0}, [{}]),  # paging changed: fails anyway
+           Entry("b", "w", True, {"kv_blocks_peak": 10, "p99_ttft_ms": 80.0}, [{}])]
+    v = baseline.compare(baseline.document("t", "cpu", "m", {}, old), new)
+    assert {r.label for r in v.regressions} == {"a", "b"}
+    assert v.worth_measuring_again() == {"b"}
+
+
+# -- the gate's second look, on a FAKE engine (fake_engine.py) whose passes take the times it is told ----
+def gated(tmp_path, mode, durations, retries=2):
+    from fake_engine import WORKLOAD, FakeWarmingEngine
+
+    from pytest_llmperf.gating import GateConfig, gate
+    from pytest_llmperf.runner import LLMPerf
+
+    engine, broken = FakeWarmingEngine(durations), []
+    perf = LLMPerf(on_broken=broken.append)
+    perf.run(engine, WORKLOAD, warmup=False)
+    verdict = gate("t", perf, GateConfig(mode, tmp_path, 0.10, "cpu", "m", retries), {}, {})
+    return verdict, engine, perf, broken
+
+
+def stored_entry(tmp_path):
+    return baseline.load(baseline.path_for(tmp_path, "t", "cpu", "m"))["entries"][0]
+
+
+def test_a_baseline_is_the_best_of_three_passes(tmp_path):
+    verdict, engine, perf, _ = gated(tmp_path, "update", [1.3, 1.0, 1.1])
+    assert verdict.status == "updated" and engine.full_passes == 3
+    entry = stored_entry(tmp_path)
+    assert entry["passes"] == 3 and entry["metrics"]["output_tokens_per_s"] == 80.0  # 80 tokens in the 1.0 s pass
+    assert len({p[1] for p in engine.passes}) == 3  # each pass its own salt: none finds another's prefix cache
+    assert perf.times.seconds["re-measurement"] > 0
+
+
+def test_a_regression_in_one_pass_only_is_measured_again_and_passes_as_noise(tmp_path):
+    gated(tmp_path, "update", [1.0])
+    verdict, engine, _, _ = gated(tmp_path, "compare", [1.5, 1.02, 9.0])  # a busy host slowed the first pass
+    assert verdict.status == "pass" and engine.full_passes == 2  # the second pass cleared it: no third
+    assert "'0' regressed in its first pass and was measured again: the best of 2 passes" in verdict.message
+
+
+def test_a_regression_in_every_pass_fails_and_says_so(tmp_path):
+    gated(tmp_path, "update", [1.0])
+    verdict, engine, _, _ = gated(tmp_path, "compare", [1.3, 1.25, 1.3])
+    assert verdict.status == "regression" and engine.full_passes == 3
+    row = next(r for r in verdict.regressions if r.metric == "output_tokens_per_s")
+    assert row.current == 64.0 and row.reason == "down 20.0%, allowed 10.0%, in every one of 3 passes"
+
+
+def test_retries_zero_judges_the_first_pass_alone(tmp_path):
+    gated(tmp_path, "update", [1.0], retries=0)
+    assert stored_entry(tmp_path)["passes"] == 1
+    verdict, engine, _, _ = gated(tmp_path, "compare", [1.5, 1.0], retries=0)
+    assert verdict.status == "regression" and engine.full_passes == 1
+
+
+def test_an_engine_that_breaks_while_measured_again_loses_nothing(tmp_path):
+    gated(tmp_path, "update", [1.0])
+    written = stored_entry(tmp_path)
+    verdict, _, _, broken = gated(tmp_path, "compare", [1.5, RuntimeError("engine died")])
+    assert verdict.status == "regression" and broken  # judged on the pass it has; the pool restarts the engine
+    assert "could not measure 0 again (RuntimeError: engine died); judged on the passes measured" in verdict.message
+    with pytest.raises(BaselineError, match="could not measure again for the baseline .*engine died.*nothing written"):
+        gated(tmp_path, "update", [0.5, RuntimeError("engine died")])
+    assert stored_entry(tmp_path) == written

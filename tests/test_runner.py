@@ -6,45 +6,12 @@ warms up this way is checked on vLLM in test_vllm_engine.py and on the GPU in te
 import gc
 
 import pytest
+from fake_engine import WORKLOAD, FakeWarmingEngine
 
 from pytest_llmperf import Workload
 from pytest_llmperf import baseline as bl
-from pytest_llmperf.engines.base import Engine
 from pytest_llmperf.gating import result_entry
 from pytest_llmperf.runner import STEADY_MAX_PASSES, LLMPerf
-from pytest_llmperf.trace import Chunk, RunTrace, SequenceTrace
-
-WORKLOAD = Workload.offline(8, prompt_len=16, output_len=10, seed=1)
-
-
-class FakeWarmingEngine(Engine):
-    """A FAKE engine for the runner's warm-up bookkeeping: pass k of the whole workload takes
-    `durations[k]` seconds (the last one repeats); shorter workloads (the quick warm-up) take 0.01 s."""
-
-    name, version = "fake", "0"
-    max_model_len, vocab_size = 4096, 1000
-    model = None
-
-    def __init__(self, durations):
-        self.durations = list(durations)
-        self.passes: list[tuple[int, int, bool]] = []  # (requests, salt, offline)
-        self.frozen: list[int] = []  # objects the collector left alone during each pass
-
-    @property
-    def config(self):
-        return {}
-
-    def run(self, workload, salt=0):
-        full = [p for p in self.passes if p[0] == len(WORKLOAD)]
-        self.passes.append((len(workload), salt, workload.is_offline))
-        self.frozen.append(gc.get_freeze_count())
-        elapsed = 0.01 if len(workload) < len(WORKLOAD) else self.durations[min(len(full), len(self.durations) - 1)]
-        seqs = tuple(SequenceTrace(i, 0, r.prompt_len, r.output_len, 0.0, (Chunk(elapsed, r.output_len),))
-                     for i, r in enumerate(workload.requests))
-        return RunTrace("fake", seqs, 0.0, elapsed)
-
-    def shutdown(self):
-        pass
 
 
 def test_quick_warm_up_is_a_few_requests_and_no_whole_pass():

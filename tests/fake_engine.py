@@ -1,0 +1,47 @@
+"""A FAKE engine for plugin mechanics (warm-up bookkeeping, the baseline gate's re-measurement): never
+evidence that an engine adapter works; real engines are tested in test_vllm_engine.py and tests/gpu."""
+
+import gc
+
+from pytest_llmperf import Workload
+from pytest_llmperf.engines.base import Engine
+from pytest_llmperf.trace import Chunk, RunTrace, SequenceTrace
+
+WORKLOAD = Workload.offline(8, prompt_len=16, output_len=10, seed=1)
+
+
+class FakeWarmingEngine(Engine):
+    """A FAKE engine for plugin mechanics: pass k of the whole workload takes
+    `durations[k]` seconds (the last one repeats), or raises it when it is an exception; shorter workloads
+    (the quick warm-up) take 0.01 s."""
+
+    name, version = "fake", "0"
+    max_model_len, vocab_size = 4096, 1000
+    model = None
+
+    def __init__(self, durations):
+        self.durations = list(durations)
+        self.passes: list[tuple[int, int, bool]] = []  # (requests, salt, offline)
+        self.frozen: list[int] = []  # objects the collector left alone during each pass
+
+    @property
+    def config(self):
+        return {}
+
+    def run(self, workload, salt=0):
+        full = [p for p in self.passes if p[0] == len(WORKLOAD)]
+        self.passes.append((len(workload), salt, workload.is_offline))
+        self.frozen.append(gc.get_freeze_count())
+        elapsed = 0.01 if len(workload) < len(WORKLOAD) else self.durations[min(len(full), len(self.durations) - 1)]
+        if isinstance(elapsed, BaseException):
+            raise elapsed
+        seqs = tuple(SequenceTrace(i, 0, r.prompt_len, r.output_len, 0.0, (Chunk(elapsed, r.output_len),))
+                     for i, r in enumerate(workload.requests))
+        return RunTrace("fake", seqs, 0.0, elapsed)
+
+    def shutdown(self):
+        pass
+
+    @property
+    def full_passes(self) -> int:
+        return sum(p[0] == len(WORKLOAD) for p in self.passes)
