@@ -110,6 +110,11 @@ def largest_changes(stored, measured) -> dict:
     return out
 
 
+def _median_rate(runs: list[Run]) -> float:
+    rates = sorted(run.results[0].throughput.output_tokens_per_s for run in runs)
+    return rates[len(rates) // 2]
+
+
 def judged(flags: list[list[str]]) -> dict:
     return {
         "runs": len(flags),
@@ -179,6 +184,11 @@ def main() -> int:
         best_of = [max(r.throughput.output_tokens_per_s for r in [run.results[0], *run.kept.values()]) / best_rate
                    for run in runs]
         table[name] = {"mean_passes": sum(run.passes for run in runs) / len(runs)}  # at the smallest tolerance
+        if "unchanged" in measured and name != "unchanged":
+            # what an injected regression really cost on this machine: a short sleep overshoots
+            loss = 1 - _median_rate(runs) / _median_rate(measured["unchanged"])
+            table[name]["throughput_loss_vs_unchanged"] = round(loss, 3)
+            print(f"  throughput loss against the unchanged runs (first passes, medians): {loss:.1%}", flush=True)
         print(f"  best-pass throughput vs baseline {[round(r, 3) for r in best_of]}; passes per run "
               f"{[run.passes for run in runs]}", flush=True)
         done(engine, env)
