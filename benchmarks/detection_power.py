@@ -3,16 +3,17 @@
 Records a baseline of an unchanged configuration as the plugin does (`--llmperf-baseline=update`: the
 best of 1 + retries passes), then compares N more runs of the same configuration (every regression
 verdict there is a false alarm) and N runs of each injected regression (every regression verdict is a
-catch): max_num_seqs halved, a smaller KV budget, and an added per-step delay of a share of the
-measured mean step time (a scheduler that sleeps in `schedule()`). Every run is judged by the plugin's
+catch): max_num_seqs halved, a smaller KV budget, and slower engine steps costing a given share of
+throughput (a scheduler that waits in `schedule()` for a share of each step's own time; the loss it
+really caused is printed beside it). Every run is judged by the plugin's
 own gate (`gating.judge`) at each tolerance given (the default, 10%, unless given), with the default
 repeats (1) and retries (2) unless given, and also on its first pass alone (retries 0) to show what
 measuring again buys.
 
-    python benchmarks/detection_power.py --runs 10 [--repeats 1] [--retries 2] [--tolerances 0.05,0.10] [--delays 0.05,0.10,0.20]
+    python benchmarks/detection_power.py --runs 10 [--repeats 1] [--retries 2] [--tolerances 0.05,0.10] [--losses 0.05,0.10,0.20]
         [--model shape:tiny-llama] [--config JSON]   (engine options added to every case, e.g. enforce_eager)
         [--warmup auto|quick|steady]   (each engine's warm-up before its runs; auto: steady on a GPU)
-        [--cases unchanged,delay]   (only the cases whose name contains one of these)
+        [--cases unchanged,slower]   (only the cases whose name contains one of these)
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def main() -> int:
     ap.add_argument("--retries", type=int, default=2, help="the gate's re-measurements (--llmperf-retries)")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--tolerances", default=str(bl.DEFAULT_TOLERANCE))
-    ap.add_argument("--delays", default="0.05,0.10")
+    ap.add_argument("--losses", default="0.05,0.10", help="injected throughput losses: slower engine steps")
     ap.add_argument("--model", default="shape:tiny-llama")
     ap.add_argument("--config", default="{}", help="engine options added to every case (JSON)")
     ap.add_argument("--cases", default="", help="run only the cases whose name contains one of these (comma-separated)")
@@ -163,9 +164,9 @@ def main() -> int:
         "max_num_seqs halved": ({**base, "max_num_seqs": base["max_num_seqs"] // 2}, {}),
         "KV budget 512 -> 160 blocks": ({**base, "num_gpu_blocks_override": 160}, {}),
     }
-    for d in (float(x) for x in args.delays.split(",")):
-        env = {"LLMPERF_BENCH_STEP_DELAY_S": str(d * step_s)}
-        cases[f"+{d:.0%} per-step delay"] = ({**base, "scheduler_cls": SLOW}, env)
+    for loss in (float(x) for x in args.losses.split(",")):
+        env = {"LLMPERF_BENCH_STEP_SLOWDOWN": str(loss / (1 - loss))}  # steps 1/(1 - loss) as long
+        cases[f"-{loss:.0%} throughput (slower steps)"] = ({**base, "scheduler_cls": SLOW}, env)
     if args.cases:
         cases = {k: v for k, v in cases.items() if any(part in k for part in args.cases.split(","))}
     tolerances = [float(x) for x in args.tolerances.split(",")]
@@ -185,7 +186,7 @@ def main() -> int:
                    for run in runs]
         table[name] = {"mean_passes": sum(run.passes for run in runs) / len(runs)}  # at the smallest tolerance
         if "unchanged" in measured and name != "unchanged":
-            # what an injected regression really cost on this machine: a short sleep overshoots
+            # what an injected regression really cost on this machine
             loss = 1 - _median_rate(runs) / _median_rate(measured["unchanged"])
             table[name]["throughput_loss_vs_unchanged"] = round(loss, 3)
             print(f"  throughput loss against the unchanged runs (first passes, medians): {loss:.1%}", flush=True)
