@@ -264,6 +264,12 @@ def check(limits: Iterable[Limit], results: Sequence[PerfResult]) -> list[Violat
     return violations
 
 
+def could_be_noise(violations: Sequence[Violation], offline: bool) -> bool:
+    """Whether measuring again could clear these violations of one result: not when every one is a
+    paging metric of an offline workload, which the same engine repeats exactly."""
+    return not (offline and all(v.limit.metric.startswith("kv_") for v in violations))
+
+
 def check_sweeps(limits: Iterable[Limit], sweeps: Sequence[Sweep]) -> list[Violation]:
     """Curve limits against the recorded sweeps; MarkerError when no sweep of the right kind exists."""
     violations = []

@@ -77,7 +77,7 @@ def checker(limits: Sequence[Limit], retries: int) -> Callable[[PerfResult, Work
         if not violations:
             return
         measured = 1
-        if not _deterministic(violations, workload):
+        if assertions.could_be_noise(violations, workload.is_offline):
             for _ in range(retries):
                 violations = _violations(limits, again())
                 measured += 1
@@ -90,10 +90,6 @@ def checker(limits: Sequence[Limit], retries: int) -> Callable[[PerfResult, Work
 
 def _violations(limits: Sequence[Limit], result: PerfResult) -> list[assertions.Violation]:
     return assertions.check(assertions.with_default_error_limit(limits), [result])
-
-
-def _deterministic(violations: Sequence[assertions.Violation], workload: Workload) -> bool:
-    return workload.is_offline and all(v.limit.metric.startswith("kv_") for v in violations)
 
 
 def _message(violations: Sequence[assertions.Violation], workload: Workload, measured: int) -> str:
