@@ -264,3 +264,28 @@ def test_an_engine_that_breaks_while_measured_again_loses_nothing(tmp_path):
     with pytest.raises(BaselineError, match="could not measure again for the baseline .*engine died.*nothing written"):
         gated(tmp_path, "update", [0.5, RuntimeError("engine died")])
     assert stored_entry(tmp_path) == written
+
+
+GATED_FAKE = """
+from fake_engine import WORKLOAD, FakeWarmingEngine
+
+def test_fake(llmperf):  # a FAKE engine (plugin mechanics): each pass takes the time it is told
+    llmperf.run(FakeWarmingEngine(DURATIONS), WORKLOAD, warmup=False)
+"""
+
+
+def test_the_gate_says_what_measuring_again_found(pytester):
+    pytester.makepyfile(test_g=GATED_FAKE.replace("DURATIONS", "[1.0]"))
+    pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-baseline=update").assert_outcomes(passed=1)
+    assert '"passes": 3' in next((pytester.path / "baselines").rglob("*.json")).read_text()
+
+    pytester.makepyfile(test_g=GATED_FAKE.replace("DURATIONS", "[1.5, 1.0]"))
+    noise = pytester.runpytest_inprocess("-p", "no:randomly", "-rA")
+    noise.assert_outcomes(passed=1)
+    noise.stdout.fnmatch_lines(["*llmperf baseline*", "*'0' regressed in its first pass and was measured again: "
+                                "the best of 2 passes is within tolerance (noise, not a regression)*"])
+
+    pytester.makepyfile(test_g=GATED_FAKE.replace("DURATIONS", "[1.5]"))
+    slower = pytester.runpytest_inprocess("-p", "no:randomly")
+    slower.assert_outcomes(failed=1)
+    slower.stdout.fnmatch_lines(["*output_tokens_per_s*down 33.3%, allowed 10.0%, in every one of 3 passes*"])
