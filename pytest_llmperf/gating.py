@@ -50,9 +50,13 @@ def entries(perf: LLMPerf) -> list[Entry]:
 
 
 def result_entry(result: Any, workload: Any, index: int) -> Entry:
-    return Entry(label=result.label or str(index), workload_hash=result.workload_hash,
+    return Entry(label=_label(result, index), workload_hash=result.workload_hash,
                  deterministic=workload.is_offline, metrics=result.flat(), per_repeat=list(result.per_repeat),
                  noise=dict(result.noise))
+
+
+def _label(result: Any, index: int) -> str:
+    return result.label or str(index)
 
 
 def _curve_hash(sweep: Any) -> str:
@@ -118,7 +122,7 @@ def judge(stored: Mapping[str, Any], perf: LLMPerf, current: Sequence[Entry], to
     busy host slows some passes; a regression slows all of them (docs/performance.md, detection power)."""
     verdict = baseline.compare(stored, current, tol, default_tolerance)
     suspects = verdict.worth_measuring_again() & set(_result_indices(perf))
-    first, current = set(suspects), list(current)
+    first = set(suspects)
     for n in range(1, retries + 1):
         if not suspects:
             break
@@ -156,7 +160,7 @@ def _result_indices(perf: LLMPerf) -> dict[str, int]:
     """Baseline label -> index of the result it came from (as `entries` labels them)."""
     out: dict[str, int] = {}
     for i, result in enumerate(perf.results):
-        out.setdefault(result.label or str(i), i)
+        out.setdefault(_label(result, i), i)
     return out
 
 

@@ -13,6 +13,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -345,26 +346,23 @@ def _measured_again(perf: LLMPerf | None, limits: list[Limit], violations: list[
     kept, notes = [], []
     for i, result in enumerate(perf.results):
         mine = [v for v in violations if v.result is result]
-        if not mine or not assertions.could_be_noise(mine, perf.workloads[i].is_offline):
-            kept += mine
+        if not mine:
             continue
         name = repr(result.label) if result.label else f"result {i}"
-        for n in range(1, retries + 1):
-            try:
-                mine = assertions.check(limits, [perf.remeasure(i, n)])
-            except MarkerError:
-                raise
-            except Exception as e:  # noqa: BLE001 - judged on what was measured; the engine's error is shown
-                notes.append(f"could not measure {name} again ({type(e).__name__}: {e}); judged on the passes measured")
-                break
-            if not mine:
-                notes.append(f"{name} violated a limit in its first pass and none when measured again "
-                             f"({n + 1} passes): noise, not a regression")
-                break
+        try:
+            left, measured = assertions.measured_again(limits, mine, perf.workloads[i].is_offline,
+                                                       partial(perf.remeasure, i), retries)
+        except MarkerError:
+            raise
+        except Exception as e:  # noqa: BLE001 - judged on what was measured; the engine's error is shown
+            notes.append(f"could not measure {name} again ({type(e).__name__}: {e}); judged on the passes measured")
+            left = mine
         else:
-            if retries:
-                notes.append(f"{name} violated limits in all {retries + 1} measurements")
-        kept += mine
+            if measured > 1:
+                notes.append(f"{name} violated limits in all {measured} measurements" if left else
+                             f"{name} violated a limit in its first pass and none when measured again "
+                             f"({measured} passes): noise, not a regression")
+        kept += left
     return kept, notes
 
 

@@ -71,25 +71,17 @@ def apply_profile(items: Sequence[pytest.Item], config: pytest.Config) -> None:
             fn._hypothesis_internal_use_settings = profile
 
 
-def checker(limits: Sequence[Limit], retries: int) -> Callable[[PerfResult, Workload, Callable[[], PerfResult]], None]:
-    def check(result: PerfResult, workload: Workload, again: Callable[[], PerfResult]) -> None:
-        violations = _violations(limits, result)
-        if not violations:
-            return
-        measured = 1
-        if assertions.could_be_noise(violations, workload.is_offline):
-            for _ in range(retries):
-                violations = _violations(limits, again())
-                measured += 1
-                if not violations:
-                    return  # not consistent: noise, not a counterexample
-        raise PerfLimitExceeded(_message(violations, workload, measured))
+def checker(limits: Sequence[Limit], retries: int) -> Callable[[PerfResult, Workload, Callable[[int], PerfResult]], None]:
+    limits = assertions.with_default_error_limit(limits)
+
+    def check(result: PerfResult, workload: Workload, again: Callable[[int], PerfResult]) -> None:
+        first = assertions.check(limits, [result])
+        # a violation that clears when measured again is noise, not a counterexample
+        violations, measured = assertions.measured_again(limits, first, workload.is_offline, again, retries)
+        if violations:
+            raise PerfLimitExceeded(_message(violations, workload, measured))
 
     return check
-
-
-def _violations(limits: Sequence[Limit], result: PerfResult) -> list[assertions.Violation]:
-    return assertions.check(assertions.with_default_error_limit(limits), [result])
 
 
 def _message(violations: Sequence[assertions.Violation], workload: Workload, measured: int) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import itertools
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
@@ -48,8 +47,8 @@ class LLMPerf:
     gpu_interval_s: float = 0.01
     roofline_of: Callable[[Engine], Roofline | None] | None = None  # the engine's floor on this GPU
     # judges each result as it is made (Hypothesis tests: a violation must fail the example inside
-    # the test body for shrinking to work); gets a function that measures the workload again
-    check: Callable[[PerfResult, Workload, Callable[[], PerfResult]], None] | None = None
+    # the test body for shrinking to work); gets a function that measures the workload again (the n-th time)
+    check: Callable[[PerfResult, Workload, Callable[[int], PerfResult]], None] | None = None
     times: PhaseTimes = field(default_factory=PhaseTimes)  # the session's, where the plugin runs it
     warmup_mode: str = "auto"  # what warmup=True means (--llmperf-warmup)
     # engines warmed until steady, with the pass-to-pass noise their warm-up saw (the session's)
@@ -84,8 +83,7 @@ class LLMPerf:
         result = with_timing_noise(result, self.steady_engines.get(engine, 0.0))
         self._keep_result(result, engine, workload)
         if self.check is not None:
-            salts = itertools.count(1)
-            self.check(result, workload, lambda: self._again(engine, workload, repeats, label, next(salts)))
+            self.check(result, workload, lambda n: self._again(engine, workload, repeats, label, n))
         return result
 
     def sweep(self, engine: Engine, workload_factory: Callable[[float], Workload], *,
@@ -179,7 +177,7 @@ class LLMPerf:
         call of one result its own `salt` (1, 2, ...)."""
         result, engine, workload = self.results[index], self.engines[index], self.workloads[index]
         try:
-            again = self._again(engine, workload, max(len(result.per_repeat), 1), result.label, salt, "re-measurement")
+            again = self._again(engine, workload, result.repeats, result.label, salt, "re-measurement")
         except BaseException:
             if self.on_broken is not None:
                 self.on_broken(engine)

@@ -56,10 +56,10 @@ def test_a_noisy_violation_is_measured_again_before_it_counts():
     timed = Workload.poisson(qps=5, n=1, prompt_len=10, output_len=2, seed=1)
     check = checker(limits, retries=2)
     again = iter([_result(0.05)])
-    check(_result(0.5), timed, lambda: next(again))  # slow once, fine when measured again: passes
+    check(_result(0.5), timed, lambda n: next(again))  # slow once, fine when measured again: passes
     slow = iter([_result(0.4), _result(0.3)])
     with pytest.raises(PerfLimitExceeded, match="violated in all 3 measurements") as info:
-        check(_result(0.5), timed, lambda: next(slow))
+        check(_result(0.5), timed, lambda n: next(slow))
     assert "reproduce as a plain test: llmperf.run(engine, Workload.from_dict(" in str(info.value)
 
 
