@@ -4,13 +4,15 @@ Records a baseline of an unchanged configuration as the plugin does (`--llmperf-
 best of 1 + retries passes), then compares N more runs of the same configuration (every regression
 verdict there is a false alarm) and N runs of each injected regression (every regression verdict is a
 catch): max_num_seqs halved, a smaller KV budget, and slower engine steps costing a given share of
-throughput (a scheduler that waits in `schedule()` for a share of each step's own time; the loss it
-really caused is printed beside it). Every run is judged by the plugin's
+throughput (a scheduler that waits in `schedule()` for a share of each step's own time, spun on the
+CPU or, with `--slow-on gpu`, by a GPU kernel queued before the step; the loss it really caused is
+printed beside it). Every run is judged by the plugin's
 own gate (`gating.judge`) at each tolerance given (the default, 10%, unless given), with the default
 repeats (1) and retries (2) unless given, and also on its first pass alone (retries 0) to show what
 measuring again buys.
 
     python benchmarks/detection_power.py --runs 10 [--repeats 1] [--retries 2] [--tolerances 0.05,0.10] [--losses 0.05,0.10,0.20]
+        [--slow-on cpu|gpu]   (where the slower steps wait: gpu for a model whose steps are GPU-bound)
         [--model shape:tiny-llama] [--config JSON]   (engine options added to every case, e.g. enforce_eager)
         [--warmup auto|quick|steady]   (each engine's warm-up before its runs; auto: steady on a GPU)
         [--cases unchanged,slower]   (only the cases whose name contains one of these)
@@ -133,6 +135,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--retries", type=int, default=2, help="the gate's re-measurements (--llmperf-retries)")
+    ap.add_argument("--slow-on", default="cpu", choices=("cpu", "gpu"), help="where the slower steps wait")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--tolerances", default=str(bl.DEFAULT_TOLERANCE))
     ap.add_argument("--losses", default="0.05,0.10", help="injected throughput losses: slower engine steps")
@@ -165,8 +168,9 @@ def main() -> int:
         "KV budget 512 -> 160 blocks": ({**base, "num_gpu_blocks_override": 160}, {}),
     }
     for loss in (float(x) for x in args.losses.split(",")):
-        env = {"LLMPERF_BENCH_STEP_SLOWDOWN": str(loss / (1 - loss))}  # steps 1/(1 - loss) as long
-        cases[f"-{loss:.0%} throughput (slower steps)"] = ({**base, "scheduler_cls": SLOW}, env)
+        # steps 1/(1 - loss) as long
+        env = {"LLMPERF_BENCH_STEP_SLOWDOWN": str(loss / (1 - loss)), "LLMPERF_BENCH_SLOW_ON": args.slow_on}
+        cases[f"-{loss:.0%} throughput (slower steps, {args.slow_on})"] = ({**base, "scheduler_cls": SLOW}, env)
     if args.cases:
         cases = {k: v for k, v in cases.items() if any(part in k for part in args.cases.split(","))}
     tolerances = [float(x) for x in args.tolerances.split(",")]
@@ -196,7 +200,8 @@ def main() -> int:
     changes = {name: [round(run.results[0].throughput.output_tokens_per_s / best_rate, 3) for run in runs]
                for name, runs in measured.items()}
     out = {"model": args.model, "config": base, "repeats": args.repeats, "retries": args.retries,
-           "warmup": args.warmup, "runs": args.runs, "requests": args.requests, "mean_step_ms": step_s * 1e3,
+           "warmup": args.warmup, "slow_on": args.slow_on, "runs": args.runs, "requests": args.requests,
+           "mean_step_ms": step_s * 1e3,
            "cases": table, "first_pass_throughput_ratios": changes}
     emit("detection_power", out)
     return 0

@@ -212,6 +212,13 @@ def itl_gaps_ms(s: SequenceTrace) -> list[float]:
     return [(b - a) * 1e3 for a, b in zip(ts, ts[1:])]
 
 
+def itl_gap_ends(traces: Sequence[RunTrace]) -> list[tuple[int, float]]:
+    """The event that ended each ITL gap of `summarize`'s pooled gaps, in the same order: the instant
+    its chunk arrived, per repeat. Gaps that ended at one instant were ended by one engine step (vLLM's
+    token clock stamps every token of a step alike; a transformers batch step is one forward)."""
+    return [(i, c.t) for i, t in enumerate(traces) for s in t.sequences if s.ok for c in s.chunks[1:]]
+
+
 def throughput(trace: RunTrace) -> Throughput:
     ok = [s for s in trace.sequences if s.ok]
     if not ok:
@@ -315,19 +322,52 @@ NOISE_PERCENTILES = (50, 99)
 _RESAMPLES = 200
 
 
-def percentile_noise(values: Sequence[float], q: float) -> float | None:
+def percentile_noise(values: Sequence[float], q: float, events: Sequence[Any] | None = None) -> float | None:
     """Relative half-width of the 95% bootstrap interval of the q-th percentile: how far the
     estimate could move on the same traffic by chance. A p99 of 30 requests is far less certain than a
-    p50 of 3000 gaps, and a baseline comparison must not be tighter than that."""
+    p50 of 3000 gaps, and a baseline comparison must not be tighter than that.
+
+    `events`: what produced each value, where one event produces many (the engine step that ended a
+    token gap, for every request that step served). Those values rise and fall together, so they are
+    resampled together: one stalled step of 64 running requests is one chance event, not 64, and a
+    p99 set by one or two such steps is as uncertain as the count of such steps."""
     arr = np.asarray(values, dtype=float)
     point = float(np.percentile(arr, q)) if arr.size else 0.0
     if arr.size < 2 or point <= 0:
         return None
     rng = np.random.default_rng(0)  # fixed: the same data always gets the same interval
     resamples = max(20, min(_RESAMPLES, 2_000_000 // arr.size))
-    estimates = np.percentile(arr[rng.integers(0, arr.size, size=(resamples, arr.size))], q, axis=1)
+    codes = _event_codes(events, arr.size)
+    if codes is None:
+        estimates = np.percentile(arr[rng.integers(0, arr.size, size=(resamples, arr.size))], q, axis=1)
+    else:
+        estimates = _grouped_percentiles(arr, codes, q, rng, resamples)
     lo, hi = np.percentile(estimates, [2.5, 97.5])
     return float((hi - lo) / 2 / point)
+
+
+def _event_codes(events: Sequence[Any] | None, n: int) -> np.ndarray | None:
+    """Each value's event as an index, None where every value is an event of its own."""
+    if events is None:
+        return None
+    if len(events) != n:
+        raise ValueError(f"{len(events)} events for {n} values: give one event per value")
+    index: dict[Any, int] = {}
+    codes = np.fromiter((index.setdefault(e, len(index)) for e in events), dtype=np.int64, count=n)
+    return codes if len(index) < n else None
+
+
+def _grouped_percentiles(arr: np.ndarray, codes: np.ndarray, q: float, rng: np.random.Generator,
+                         resamples: int) -> np.ndarray:
+    """The q-th percentile of each of `resamples` resamples that draw whole events with replacement:
+    an event drawn k times weighs its values k times (inverted-CDF percentile over the weights)."""
+    order = np.argsort(arr, kind="stable")
+    ranked, ranked_codes = arr[order], codes[order]
+    n_events = int(codes.max()) + 1
+    drawn = rng.multinomial(n_events, np.full(n_events, 1 / n_events), size=resamples)
+    cumulative = np.cumsum(drawn[:, ranked_codes], axis=1)
+    targets = q / 100 * cumulative[:, -1]
+    return ranked[np.minimum((cumulative < targets[:, None]).sum(axis=1), arr.size - 1)]
 
 
 def pass_noise(rates: Sequence[float]) -> float:
@@ -350,11 +390,13 @@ def with_timing_noise(result: PerfResult, noise: float) -> PerfResult:
     return replace(result, noise={**result.noise, **{k: round(max(result.noise.get(k, 0.0), noise), 6) for k in timing}})
 
 
-def latency_noise(samples: dict[str, Sequence[float]]) -> dict[str, float]:
+def latency_noise(samples: dict[str, Sequence[float]], events: dict[str, Sequence[Any]] | None = None
+                  ) -> dict[str, float]:
+    """`events`: per metric, what produced each sample (`percentile_noise`)."""
     out = {}
     for name, values in samples.items():
         for q in NOISE_PERCENTILES:
-            n = percentile_noise(values, q)
+            n = percentile_noise(values, q, (events or {}).get(name))
             if n is not None:
                 out[f"p{q}_{name}_ms"] = round(n, 6)
     return out
@@ -369,10 +411,11 @@ def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, l
         raise ValueError("summarize needs at least one run trace")
     gaps_of = [[g for s in t.sequences if s.ok for g in itl_gaps_ms(s)] for t in traces]
     per_trace = [_one(t, g, workload_hash, n_requests) for t, g in zip(traces, gaps_of)]
+    events = {"itl": itl_gap_ends(traces)}
     if len(per_trace) == 1:
         only = per_trace[0]
         return replace(only, label=label, partial=partial,
-                       noise=latency_noise(_latencies(only.sequences, gaps_of[0])))
+                       noise=latency_noise(_latencies(only.sequences, gaps_of[0]), events))
     seqs = tuple(s for r in per_trace for s in r.sequences)
     gaps = [g for trace_gaps in gaps_of for g in trace_gaps]
     thr = [r.throughput for r in per_trace]
@@ -388,7 +431,7 @@ def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, l
         tpot=LatencyStats.of(latencies["tpot"]),
         itl=LatencyStats.of(gaps),
         e2e=LatencyStats.of(latencies["e2e"]),
-        noise=latency_noise(latencies),
+        noise=latency_noise(latencies, events),
         throughput=Throughput(
             float(np.median([t.output_tokens_per_s for t in thr])),
             float(np.median([t.total_tokens_per_s for t in thr])),

@@ -130,3 +130,42 @@ def test_model_footprint_matches_the_parameters_transformers_builds():
     # Llama-3.1-8B: 32 layers x 8 KV heads x 128 dims, K and V, bf16: 128 KiB per token
     assert footprint(shape_config("llama-3.1-8b"), "bfloat16")[1] == 128 * 1024
     assert footprint({"hidden_size": 8}, "bfloat16") is None
+
+
+def _stepped_trace(stalled: set[int], steps: int = 300, running: int = 32, jitter: float = 0.0) -> RunTrace:
+    """`running` sequences decoding in lockstep: every step ends one gap of each at one instant (vLLM's
+    token clock), 10 ms a step, 40 ms for the `stalled` steps."""
+    ends, t = [], 0.0
+    for step in range(steps):
+        t += 0.040 if step in stalled else 0.010 + jitter * (step % 7)
+        ends.append(t)
+    return RunTrace("fake", tuple(seq(i, 0.0, ends) for i in range(running)), 0.0, t)
+
+
+def test_a_p99_gap_set_by_a_few_stalled_steps_is_as_uncertain_as_those_steps():
+    from pytest_llmperf.metrics import itl_gap_ends, itl_gaps_ms, percentile_noise
+
+    trace = _stepped_trace(stalled={50, 150, 250, 280})  # 128 of 9,568 gaps: the p99 sits on four events
+    result = summarize([trace], "h", 32)
+    assert result.itl.p99 == pytest.approx(40.0)
+    gaps = [g for s in trace.sequences for g in itl_gaps_ms(s)]
+    one_by_one = percentile_noise(gaps, 99)
+    assert len(set(itl_gap_ends([trace]))) == 299  # one event per step after the first
+    # resampled gap by gap, 128 stalled gaps barely vary in count and the p99 looks certain; resampled
+    # step by step, whether 2, 4 or 6 stalls are drawn moves it between 10 and 40 ms
+    assert one_by_one < 0.05 and result.noise["p99_itl_ms"] > 0.3
+    # the gate allows the two intervals together: one stall more or fewer is no regression
+    fewer = summarize([_stepped_trace({50, 150, 250})], "h", 32)
+    assert fewer.itl.p99 < 20 and result.noise["p99_itl_ms"] + fewer.noise["p99_itl_ms"] > 1 - fewer.itl.p99 / 40
+
+
+def test_gaps_of_their_own_are_resampled_one_by_one():
+    from pytest_llmperf.metrics import percentile_noise
+
+    values = [float(v) for v in range(1, 200)]
+    assert percentile_noise(values, 99, events=list(range(199))) == percentile_noise(values, 99)
+    with pytest.raises(ValueError, match="one event per value"):
+        percentile_noise(values, 99, events=[0])
+    # a median of many steps stays tight whatever the grouping
+    trace = _stepped_trace(stalled={50, 150, 250}, jitter=0.001)
+    assert summarize([trace], "h", 32).noise["p50_itl_ms"] < 0.2
