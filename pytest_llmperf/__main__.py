@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .baseline import DEFAULT_TOLERANCE
+from .baseline import DEFAULT_TOLERANCE, parse_tolerance
 from .report import compare_files, load
 
 
@@ -16,15 +16,17 @@ def main(argv: list[str] | None = None) -> int:
     cmp = sub.add_parser("compare", help="compare two results.json files (old, new)")
     cmp.add_argument("old")
     cmp.add_argument("new")
-    cmp.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
-                     help=f"relative tolerance of timing metrics (default {DEFAULT_TOLERANCE})")
+    cmp.add_argument("--tolerance", default=str(DEFAULT_TOLERANCE),
+                     help=f"relative tolerance of timing metrics (default {DEFAULT_TOLERANCE}), and per metric "
+                          "if given: 0.10,output_tokens_per_s=0.05")
     args = parser.parse_args(argv)
     try:
+        tolerance, tolerances = parse_tolerance(args.tolerance)
         old, new = load(args.old), load(args.new)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    text, regressed = compare_files(old, new, args.tolerance)
+    text, regressed = compare_files(old, new, tolerance, tolerances)
     print(text)
     return 1 if regressed else 0
 

@@ -34,6 +34,34 @@ COMPARED: dict[str, bool] = {
 PAGING = frozenset(k for k in COMPARED if k.startswith("kv_"))
 
 
+def metric_name(key: str) -> str:
+    """A compared metric's name from either spelling: `p99_ttft_ms` or `ttft_p99`."""
+    m = re.fullmatch(r"(ttft|tpot|itl|e2e)_(p\d+|mean|max)", key)
+    return f"{m.group(2)}_{m.group(1)}_ms" if m else key
+
+
+def parse_tolerance(text: str) -> tuple[float, dict[str, float]]:
+    """`--llmperf-tolerance`: a fraction for every timing metric, metric=fraction pairs for some, or
+    both, comma-separated: "0.10", "0.10,output_tokens_per_s=0.05", "ttft_p99=0.2". ValueError says
+    what is wrong."""
+    default, per_metric = DEFAULT_TOLERANCE, {}
+    for part in (p.strip() for p in str(text).split(",") if p.strip()):
+        key, _, value = part.rpartition("=")
+        try:
+            fraction = float(value)
+        except ValueError:
+            fraction = -1.0
+        if not fraction >= 0:
+            raise ValueError(f"tolerance {part!r}: give a fraction >= 0, e.g. 0.10 or output_tokens_per_s=0.05")
+        if not key:
+            default = fraction
+        elif metric_name(key.strip()) in COMPARED:
+            per_metric[metric_name(key.strip())] = fraction
+        else:
+            raise ValueError(f"tolerance {part!r}: unknown metric {key.strip()!r}; compared metrics: {', '.join(COMPARED)}")
+    return default, per_metric
+
+
 class BaselineError(Exception):
     """A baseline file that cannot be used; never silently replaced."""
 

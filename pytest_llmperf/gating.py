@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ class GateConfig:
     # a result that regresses on timing metrics only is measured this many times more, and fails only
     # if every pass regresses; a baseline is the best of 1 + retries passes
     retries: int = 2
+    tolerances: Mapping[str, float] = field(default_factory=dict)  # per metric, under a test's marker
 
 
 def entries(perf: LLMPerf) -> list[Entry]:
@@ -79,7 +79,7 @@ def tolerances(marks: list[Mapping[str, Any]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for kwargs in marks:
         for key, value in kwargs.items():
-            metric = _metric_name(key)
+            metric = baseline.metric_name(key)
             if metric not in baseline.COMPARED:
                 raise BaselineError(f"@pytest.mark.{TOLERANCE_MARKER}({key}=...): unknown metric; "
                                     f"compared metrics: {', '.join(baseline.COMPARED)}")
@@ -87,11 +87,6 @@ def tolerances(marks: list[Mapping[str, Any]]) -> dict[str, float]:
                 raise BaselineError(f"@pytest.mark.{TOLERANCE_MARKER}({key}={value!r}): give a fraction >= 0, e.g. 0.15")
             out[metric] = float(value)
     return out
-
-
-def _metric_name(key: str) -> str:
-    m = re.fullmatch(r"(ttft|tpot|itl|e2e)_(p\d+|mean|max)", key)
-    return f"{m.group(2)}_{m.group(1)}_ms" if m else key
 
 
 def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
@@ -112,7 +107,7 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
     stored = baseline.load(path)
     if stored is None:
         return Verdict("no-baseline", message=f"no comparable baseline for {cfg.hardware}/{cfg.model} (looked for {path})")
-    return judge(stored, perf, current, tol, cfg.tolerance, cfg.retries)
+    return judge(stored, perf, current, {**cfg.tolerances, **tol}, cfg.tolerance, cfg.retries)
 
 
 def judge(stored: Mapping[str, Any], perf: LLMPerf, current: Sequence[Entry], tol: Mapping[str, float],

@@ -21,7 +21,7 @@ import pytest
 
 from . import assertions, gating, properties, pytest_benchmark_bridge, soak
 from .assertions import Limit, MarkerError
-from .baseline import slug
+from .baseline import parse_tolerance, slug
 from .engines.base import EnginePool, default_engine
 from .fixtures import (  # noqa: F401 - pytest finds a plugin's fixtures in its module
     gpu_fixture,
@@ -88,8 +88,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--llmperf-baseline", default=None, choices=gating.MODES,
                     help="compare with stored baselines (default), update them from this run, or off")
     group.addoption("--llmperf-baseline-dir", default=None, help="baseline folder (default: <rootdir>/baselines)")
-    group.addoption("--llmperf-tolerance", default=None, type=float,
-                    help="relative tolerance of timing metrics against a baseline (default 0.10)")
+    group.addoption("--llmperf-tolerance", default=None,
+                    help="relative tolerance of timing metrics against a baseline, and per metric if given: "
+                         "0.10 (default), or 0.10,output_tokens_per_s=0.05 (a test's llmperf_tolerance marker wins)")
     group.addoption("--llmperf-retries", default=None, type=int,
                     help="measure a result that violates a limit or regresses on timing metrics against its "
                          "baseline, or a failing property-test example, this many more times before it counts; "
@@ -110,7 +111,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("llmperf_report", "report folder", default="")
     parser.addini("llmperf_baseline", "baseline mode: compare, update or off", default="compare")
     parser.addini("llmperf_baseline_dir", "baseline folder", default="baselines")
-    parser.addini("llmperf_tolerance", "relative tolerance of timing metrics", default="0.10")
+    parser.addini("llmperf_tolerance", "relative tolerance of timing metrics, and per metric: 0.10,output_tokens_per_s=0.05",
+                  default="0.10")
     parser.addini("llmperf_engine", "default engine (hf, vllm or openai)", default="")
     parser.addini("llmperf_model", "default model", default=DEFAULT_MODEL)
     parser.addini("llmperf_engine_config", "default engine options (JSON object)", default="")
@@ -139,6 +141,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if mode not in gating.MODES:
         raise pytest.UsageError(f"llmperf_baseline={mode!r}: choose one of {', '.join(gating.MODES)}")
     root = Path(_option(config, "baseline-dir") or "baselines")
+    try:
+        tolerance, tolerances = parse_tolerance(_option(config, "tolerance"))
+    except ValueError as e:
+        raise pytest.UsageError(f"--llmperf-tolerance/llmperf_tolerance: {e}") from None
     retries = int(_option(config, "retries"))
     if retries < 0:
         raise pytest.UsageError(f"llmperf_retries={retries}: give the number of extra measurements, 0 or more")
@@ -149,7 +155,7 @@ def pytest_configure(config: pytest.Config) -> None:
         hardware=hardware,
         gpu=gpu,
         gate=gating.GateConfig(mode, root if root.is_absolute() else config.rootpath / root,
-                               float(_option(config, "tolerance")), hardware, model_spec, retries),
+                               tolerance, hardware, model_spec, retries, tolerances),
         report_dir=Path(_option(config, "report")) if _option(config, "report") else None,
         pool=EnginePool(after_close=_release_waiter(gpu)),
         retries=retries,

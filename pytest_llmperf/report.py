@@ -103,8 +103,10 @@ def load(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def compare_files(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: float) -> tuple[str, bool]:
-    """The regression table of every test present in both files, with the baseline rules."""
+def compare_files(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: float,
+                  tolerances: Mapping[str, float] | None = None) -> tuple[str, bool]:
+    """The regression table of every test present in both files, with the baseline rules
+    (`tolerances`: per metric, over `tolerance`)."""
     before = {t["test"]: t for t in old["tests"] if t["results"]}
     out, regressed = [], False
     for test in new["tests"]:
@@ -115,7 +117,7 @@ def compare_files(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: flo
             out.append(f"{test['test']}: new test, nothing to compare")
             continue
         stored = {"entries": prior["results"], "environment": prior.get("environment")}
-        verdict = baseline.compare(stored, [Entry.from_dict(r) for r in test["results"]], default_tolerance=tolerance)
+        verdict = baseline.compare(stored, [Entry.from_dict(r) for r in test["results"]], tolerances, tolerance)
         regressed |= verdict.status == "regression"
         out.append(f"{test['test']}: {verdict.status}{' - ' + verdict.message if verdict.message else ''}")
         if verdict.rows and any(r.verdict != "ok" or r.reason for r in verdict.rows):

@@ -41,6 +41,17 @@ def test_timing_tolerance_direction_and_improvements():
     assert better.status == "pass" and {r.verdict for r in better.rows} == {"improvement"}
 
 
+def test_the_tolerance_option_takes_a_default_and_fractions_per_metric():
+    assert baseline.parse_tolerance("0.10") == (0.10, {})
+    assert baseline.parse_tolerance(" 0.2, output_tokens_per_s=0.05,ttft_p99=0.3") == (
+        0.2, {"output_tokens_per_s": 0.05, "p99_ttft_ms": 0.3})
+    assert baseline.parse_tolerance("requests_per_s=0") == (baseline.DEFAULT_TOLERANCE, {"requests_per_s": 0.0})
+    for bad, says in [("ten", "give a fraction >= 0"), ("0.1,tokens=0.05", "unknown metric 'tokens'"),
+                      ("p99_ttft_ms=-1", "give a fraction >= 0"), ("nan", "give a fraction >= 0")]:
+        with pytest.raises(ValueError, match=says):
+            baseline.parse_tolerance(bad)
+
+
 def test_tolerance_is_never_tighter_than_the_noise_of_the_current_repeats():
     old = entry([{"p99_ttft_ms": 50.0}])
     noisy = entry([{"p99_ttft_ms": 40.0}, {"p99_ttft_ms": 58.0}, {"p99_ttft_ms": 60.0}])  # spread 20/58 = 34%
@@ -289,3 +300,22 @@ def test_the_gate_says_what_measuring_again_found(pytester):
     slower = pytester.runpytest_inprocess("-p", "no:randomly")
     slower.assert_outcomes(failed=1)
     slower.stdout.fnmatch_lines(["*output_tokens_per_s*down 33.3%, allowed 10.0%, in every one of 3 passes*"])
+
+
+def test_a_tolerance_per_metric_for_the_whole_session_and_the_marker_over_it(pytester):
+    pytester.makepyfile(test_g=GATED_FAKE.replace("DURATIONS", "[1.0]"))
+    pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-baseline=update").assert_outcomes(passed=1)
+    pytester.makepyfile(test_g=GATED_FAKE.replace("DURATIONS", "[1.08]"))  # 7.4% slower in every pass
+    pytester.runpytest_inprocess("-p", "no:randomly").assert_outcomes(passed=1)  # within the default 10%
+    tight = pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-tolerance=0.10,output_tokens_per_s=0.05")
+    tight.assert_outcomes(failed=1)
+    tight.stdout.fnmatch_lines(["*output_tokens_per_s*down 7.4%, allowed 5.0%, in every one of 3 passes*"])
+    marked = GATED_FAKE.replace("DURATIONS", "[1.08]").replace(
+        "def test_fake", "import pytest\n@pytest.mark.llmperf_tolerance(output_tokens_per_s=0.2, requests_per_s=0.2)\n"
+        "def test_fake")
+    pytester.makepyfile(test_g=marked)
+    pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-tolerance=output_tokens_per_s=0.05").assert_outcomes(
+        passed=1)
+    bad = pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-tolerance=0.1,tokens=0.05")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--llmperf-tolerance/llmperf_tolerance: tolerance 'tokens=0.05': unknown metric*"])

@@ -52,10 +52,10 @@ def test_compare_cli_applies_the_baseline_rules(pytester):
     pytester.runpytest_inprocess("--llmperf-engine=hf", "--llmperf-report=old").assert_outcomes(passed=1)
     old = pytester.path / "old" / "results.json"
 
-    def compare(new_doc):
+    def compare(new_doc, *options):
         new = pytester.path / "new.json"
         new.write_text(json.dumps(new_doc))
-        return subprocess.run([sys.executable, "-m", "pytest_llmperf", "compare", str(old), str(new)],
+        return subprocess.run([sys.executable, "-m", "pytest_llmperf", "compare", str(old), str(new), *options],
                               capture_output=True, text=True)
 
     same = compare(json.loads(old.read_text()))
@@ -66,6 +66,10 @@ def test_compare_cli_applies_the_baseline_rules(pytester):
     res["metrics"]["kv_blocks_peak"] += 24
     worse = compare(changed)
     assert worse.returncode == 1 and "paging changed: kv_blocks_peak" in worse.stdout
+    # a tolerance given for a paging metric compares it with that tolerance instead of exactly
+    assert compare(changed, "--tolerance", "0.1,kv_blocks_peak=10").returncode == 0
+    unknown = compare(changed, "--tolerance", "0.1,blocks=10")
+    assert unknown.returncode == 2 and "unknown metric 'blocks'" in unknown.stderr
 
     bad = subprocess.run([sys.executable, "-m", "pytest_llmperf", "compare", str(old), str(pytester.path / "nope.json")],
                          capture_output=True, text=True)
