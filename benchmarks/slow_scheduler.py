@@ -11,8 +11,9 @@ Where the wait goes (`LLMPERF_BENCH_SLOW_ON`):
 - `cpu` (default): spun in `schedule()`, a slower scheduler. It costs throughput only where the engine
   core's CPU is the bottleneck (a small model, or the CPU backend).
 - `gpu`: a GPU kernel that spins for the wait (`torch.cuda._sleep`), queued before the step's own
-  kernels, a slower model. On a model whose steps are GPU-bound (an 8B shape on an H200) a CPU spin
-  hides under vLLM's async scheduling and costs nothing, as a slower scheduler would there.
+  kernels, a slower model. On a model whose steps are GPU-bound (an 8B shape on an H200, whose engine
+  core was busy 0.6-0.7 of each pass) a CPU spin can hide in the core's slack under vLLM's async
+  scheduling, as a slower scheduler would there.
 """
 
 import os
