@@ -112,6 +112,11 @@ def _pin_process(pid: int, cpus: set[int]) -> None:
             continue
 
 
+def _affinity(pid: int) -> list[int]:
+    """The CPUs any thread of the process may run on."""
+    return sorted(set().union(*(os.sched_getaffinity(int(t.name)) for t in Path(f"/proc/{pid}/task").iterdir())))
+
+
 def place(pinned: bool, engine_cores: int = 2) -> dict:
     """Pinned: the engine's processes on `engine_cores` physical cores of their own, the front end on
     the others. Not pinned: every process may run anywhere, as by default."""
@@ -123,9 +128,7 @@ def place(pinned: bool, engine_cores: int = 2) -> dict:
     for child in psutil.Process().children(recursive=True):
         _pin_process(child.pid, engine)
     _pin_process(os.getpid(), front)
-    seen = {f"{child.name()}:{child.pid}": sorted(set().union(*(os.sched_getaffinity(int(t.name)) for t in
-                                                             Path(f"/proc/{child.pid}/task").iterdir())))
-            for child in psutil.Process().children(recursive=True)}
+    seen = {f"{child.name()}:{child.pid}": _affinity(child.pid) for child in psutil.Process().children(recursive=True)}
     return {"seen": seen, "engine_cpus": sorted(engine) if pinned else "all", "front_cpus": sorted(front) if pinned else "all"}
 
 

@@ -62,9 +62,7 @@ def slow_scheduler(*args, **kwargs):
         self._llmperf_waited = SLOWDOWN * step if step < IDLE_S else 0.0
         if self._llmperf_waited:
             wait(self._llmperf_waited)
-        self._llmperf_since = now if ON == "gpu" else time.perf_counter()
-        if ON != "gpu":
-            self._llmperf_waited = 0.0  # a CPU spin ended before `since`: the interval excludes it
+        self._llmperf_since = now
         return base.schedule(self, *a, **k)
 
     attrs = {"schedule": schedule, "_llmperf_since": None, "_llmperf_waited": 0.0}

@@ -274,9 +274,8 @@ def measured_again(limits: Sequence[Limit], violations: list[Violation], offline
                    again: Callable[[int], PerfResult], retries: int) -> tuple[list[Violation], int]:
     """One result's violations that hold in every measurement, and how many measurements were made:
     while they could be noise, the result is measured again (`again(n)` for the n-th time), up to
-    `retries` times, and
-    none are left once one measurement violates no limit. A busy host slows some passes; a regression
-    slows all of them."""
+    `retries` times, and none are left once one measurement violates no limit. A busy host slows some
+    passes; a regression slows all of them."""
     measured = 1
     if violations and could_be_noise(violations, offline):
         for n in range(1, retries + 1):
