@@ -18,7 +18,9 @@ from .baseline import BaselineError, Entry, Verdict
 from .runner import LLMPerf
 
 TOLERANCE_MARKER = "llmperf_tolerance"
-MODES = ("compare", "update", "off")
+# compare: judge against the stored baseline, a missing or stale one is reported; require: as compare,
+# and a test whose results are not all compared fails (the pull-request gate); update: record; off
+MODES = ("compare", "require", "update", "off")
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,11 @@ class GateConfig:
     # if every pass regresses; a baseline is the best of 1 + retries passes
     retries: int = 2
     tolerances: Mapping[str, float] = field(default_factory=dict)  # per metric, under a test's marker
+    update_args: str = ""  # options a command recording this session's baselines needs (model, hardware)
+
+    def record_command(self, test_id: str) -> str:
+        return " ".join(["pytest", f"'{test_id}'", *([self.update_args] if self.update_args else []),
+                         "--llmperf-baseline=update"])
 
 
 def entries(perf: LLMPerf) -> list[Entry]:
@@ -39,7 +46,7 @@ def entries(perf: LLMPerf) -> list[Entry]:
     per sweep for its capacity."""
     # a bisection measures different rates each run: only its capacity can be compared
     searched = {p.result.label for s in perf.sweeps if s.searched for p in s.points}
-    points = [result_entry(r, w, i) for i, (r, w) in enumerate(zip(perf.results, perf.workloads))
+    points = [result_entry(r, w, e, i) for i, (r, w, e) in enumerate(zip(perf.results, perf.workloads, perf.engines))
               if r.label not in searched]
     curves = [
         Entry(label=f"{s.label}:capacity", workload_hash=_curve_hash(s), deterministic=False,
@@ -49,10 +56,12 @@ def entries(perf: LLMPerf) -> list[Entry]:
     return points + curves
 
 
-def result_entry(result: Any, workload: Any, index: int) -> Entry:
+def result_entry(result: Any, workload: Any, engine: Any, index: int) -> Entry:
+    # paging repeats exactly only when the whole batch is handed over at once and the KV pool does not
+    # depend on the machine's free memory
     return Entry(label=_label(result, index), workload_hash=result.workload_hash,
-                 deterministic=workload.is_offline, metrics=result.flat(), per_repeat=list(result.per_repeat),
-                 noise=dict(result.noise))
+                 deterministic=workload.is_offline and engine.fixed_kv_budget, metrics=result.flat(),
+                 per_repeat=list(result.per_repeat), noise=dict(result.noise), engine=engine.name)
 
 
 def _label(result: Any, index: int) -> str:
@@ -106,8 +115,32 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
         return Verdict("updated", message=f"baseline written: {path}")
     stored = baseline.load(path)
     if stored is None:
-        return Verdict("no-baseline", message=f"no comparable baseline for {cfg.hardware}/{cfg.model} (looked for {path})")
-    return judge(stored, perf, current, {**cfg.tolerances, **tol}, cfg.tolerance, cfg.retries)
+        verdict = Verdict(baseline.NO_BASELINE, message=_missing(cfg, path),
+                          labels={e.label: baseline.NO_BASELINE for e in current})
+    else:
+        verdict = judge(stored, perf, current, {**cfg.tolerances, **tol}, cfg.tolerance, cfg.retries)
+    return verdict
+
+
+def unmet_requirement(verdict: Verdict | None, cfg: GateConfig, test_id: str) -> str | None:
+    """Under --llmperf-baseline=require, the one line that fails a test whose results were not all
+    compared (no baseline, stale, another engine's), with the command that records it."""
+    if cfg.mode != "require" or verdict is None or not verdict.uncompared:
+        return None
+    return (f"llmperf: --llmperf-baseline=require: {_first_line(verdict.message)}; "
+            f"record it with: {cfg.record_command(test_id)}")
+
+
+def _missing(cfg: GateConfig, path: Path) -> str:
+    """Why no baseline was found, naming the hardware classes that do have one for this test."""
+    elsewhere = sorted(p.parts[-3] for p in cfg.root.glob(f"*/{path.parent.name}/{path.name}") if p != path)
+    also = f"; recorded for other hardware only: {', '.join(elsewhere)}" if elsewhere else ""
+    return f"no baseline for {cfg.hardware}/{cfg.model} at {path}{also}"
+
+
+def _first_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[0] + (f" (and {len(lines) - 1} more)" if len(lines) > 1 else "") if lines else "not compared"
 
 
 def judge(stored: Mapping[str, Any], perf: LLMPerf, current: Sequence[Entry], tol: Mapping[str, float],
@@ -142,13 +175,20 @@ def measured_again(perf: LLMPerf, current: Sequence[Entry], labels: set[str], ti
     (`baseline.best_of`); sweep capacities are derived, not measured, and stay as they are."""
     indices = _result_indices(perf)
     out = list(current)
-    for pos, entry in enumerate(out):
-        if entry.label not in labels or entry.label not in indices:
-            continue
+    wanted = [pos for pos, e in enumerate(out) if e.label in labels and e.label in indices]
+    for pos in sorted(wanted, key=lambda pos: _restart_order(perf, indices[out[pos].label])):
+        entry = out[pos]
         i = indices[entry.label]
-        again = [result_entry(perf.remeasure(i, salt + k), perf.workloads[i], i) for k in range(times)]
+        again = [result_entry(perf.remeasure(i, salt + k), perf.workloads[i], perf.engines[i], i) for k in range(times)]
         out[pos] = baseline.best_of([entry, *again])
     return out
+
+
+def _restart_order(perf: LLMPerf, index: int) -> tuple[bool, int]:
+    """Results of the live engine first, then those of each engine the pool has closed, grouped by
+    engine: a test that measured two engines restarts each closed one once, not once per result."""
+    engine = perf.engines[index]
+    return not getattr(engine, "alive", True), next(i for i, e in enumerate(perf.engines) if e is engine)
 
 
 def _result_indices(perf: LLMPerf) -> dict[str, int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -37,7 +38,7 @@ from .fixtures import (  # noqa: F401 - pytest finds a plugin's fixtures in its 
 )
 from .gpu import KNOWN_CLASSES, GpuError, GpuInfo, assign_device, detect, device_count, memory_used, wait_for_release
 from .models import DEFAULT_MODEL
-from .report import HEADLINE, TestRecord, cell, result_name, result_record
+from .report import HEADLINE, TestRecord, baseline_counts, cell, result_name, result_record
 from .report import write as write_report
 from .runner import WARMUP_MODES, LLMPerf
 from .session import ENGINE_MARKER, LIMITS, PERF, SESSION, Session, engine_options
@@ -84,9 +85,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--llmperf-engine-config", default=None,
                     help="options of the --llmperf-engine engine as a JSON object, under any @pytest.mark.llmperf_engine(...)")
     group.addoption("--llmperf-hardware", default=None,
-                    help="hardware class for per-hardware limits and baselines (default: detected; cpu without GPU)")
+                    help="judge this machine as hardware class CLASS (default: detected; cpu without GPU): tests that "
+                         "name no class are marked with it (-m CLASS selects them), tests marked for another class "
+                         "are skipped, and baselines and per-hardware limits of CLASS apply")
     group.addoption("--llmperf-baseline", default=None, choices=gating.MODES,
-                    help="compare with stored baselines (default), update them from this run, or off")
+                    help="compare with stored baselines (default; a test without one passes, reported), require "
+                         "(as compare, and a missing, stale or other engine's baseline fails the test: the "
+                         "pull-request gate), update them from this run, or off")
     group.addoption("--llmperf-baseline-dir", default=None, help="baseline folder (default: <rootdir>/baselines)")
     group.addoption("--llmperf-tolerance", default=None,
                     help="relative tolerance of timing metrics against a baseline, and per metric if given: "
@@ -109,7 +114,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--llmperf-report", default=None, metavar="DIR",
                     help="write results.json and summary.md there (and append the summary to $GITHUB_STEP_SUMMARY)")
     parser.addini("llmperf_report", "report folder", default="")
-    parser.addini("llmperf_baseline", "baseline mode: compare, update or off", default="compare")
+    parser.addini("llmperf_baseline", "baseline mode: compare, require, update or off", default="compare")
     parser.addini("llmperf_baseline_dir", "baseline folder", default="baselines")
     parser.addini("llmperf_tolerance", "relative tolerance of timing metrics, and per metric: 0.10,output_tokens_per_s=0.05",
                   default="0.10")
@@ -136,6 +141,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     gpu = _claim_gpu()
     hardware = _option(config, "hardware") or (gpu.hardware_class if gpu else "cpu")
+    if hardware not in KNOWN_CLASSES:
+        config.addinivalue_line("markers", f"{hardware}: llmperf: run only on {hardware} hardware (this machine's class)")
     model_spec = _option(config, "model") or DEFAULT_MODEL
     mode = _option(config, "baseline") or "compare"
     if mode not in gating.MODES:
@@ -145,7 +152,10 @@ def pytest_configure(config: pytest.Config) -> None:
         tolerance, tolerances = parse_tolerance(_option(config, "tolerance"))
     except ValueError as e:
         raise pytest.UsageError(f"--llmperf-tolerance/llmperf_tolerance: {e}") from None
-    retries = int(_option(config, "retries"))
+    try:
+        retries = int(_option(config, "retries"))
+    except ValueError:
+        retries = -1
     if retries < 0:
         raise pytest.UsageError(f"llmperf_retries={retries}: give the number of extra measurements, 0 or more")
     config.stash[SESSION] = Session(
@@ -155,7 +165,7 @@ def pytest_configure(config: pytest.Config) -> None:
         hardware=hardware,
         gpu=gpu,
         gate=gating.GateConfig(mode, root if root.is_absolute() else config.rootpath / root,
-                               tolerance, hardware, model_spec, retries, tolerances),
+                               tolerance, hardware, model_spec, retries, tolerances, _update_args(config, model_spec)),
         report_dir=Path(_option(config, "report")) if _option(config, "report") else None,
         pool=EnginePool(after_close=_release_waiter(gpu)),
         retries=retries,
@@ -174,6 +184,13 @@ def pytest_configure(config: pytest.Config) -> None:
         gpu_index = config.stash[SESSION].gpu.index if config.stash[SESSION].gpu else None
         config.pluginmanager.register(soak.Soak(rounds, config.getoption("--llmperf-soak-limit-mib"), gpu_index),
                                       "llmperf-soak")
+
+
+def _update_args(config: pytest.Config, model_spec: str) -> str:
+    """The options a command that records this session's baselines must repeat (not the defaults)."""
+    given = {"model": model_spec if model_spec != DEFAULT_MODEL else None,
+             "engine": _option(config, "engine") or None, "hardware": _option(config, "hardware") or None}
+    return " ".join(f"--llmperf-{name}={shlex.quote(value)}" for name, value in given.items() if value)
 
 
 _SIGTERM_HANDLER = pytest.StashKey[Callable[[int, Any], None]]()
@@ -243,10 +260,50 @@ def _release_waiter(gpu: GpuInfo | None) -> Callable[[], None] | None:
     return wait
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the hardware marker must be there to be selected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    config.stash[_CARRIED] = _mark_hardware(items, config.stash[SESSION].hardware)
     # Tests that share an engine configuration run together, so each engine starts once (per soak round).
     items.sort(key=lambda item: (soak.round_of(item), _engine_group(item)))
     properties.apply_profile(items, config)
+
+
+_CARRIED = pytest.StashKey[dict[str, int]]()
+
+
+def _mark_hardware(items: list[pytest.Item], hardware: str) -> dict[str, int]:
+    """A test that uses the plugin and names no hardware class runs on any: it gets this machine's
+    class as a marker, so that `-m a100` on an A100 runner selects it. Tests that do not use the
+    plugin are left as they are. Returns how many tests carry each class."""
+    carried: dict[str, int] = {}
+    for item in items:
+        wanted = [m.name for m in item.iter_markers() if m.name in KNOWN_CLASSES]
+        if not wanted and _uses_plugin(item):
+            item.add_marker(hardware)
+            wanted = [hardware]
+        for cls in dict.fromkeys(wanted):
+            carried[cls] = carried.get(cls, 0) + 1
+    return carried
+
+
+def _uses_plugin(item: pytest.Item) -> bool:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    return bool(fixtures & properties.PLUGIN_FIXTURES) or any(
+        m.name in assertions.MARKERS or m.name in (ENGINE_MARKER, gating.TOLERANCE_MARKER) for m in item.iter_markers())
+
+
+def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> str | None:
+    """One line when a hardware `-m` selected nothing: which classes the tests carry, which this machine is."""
+    expr = config.getoption("markexpr", "") or ""
+    named = [cls for cls in KNOWN_CLASSES if cls in expr.replace("(", " ").replace(")", " ").split()]
+    carried = config.stash.get(_CARRIED, {})
+    if items or not named or not carried:
+        return None
+    state = config.stash[SESSION]
+    found = ", ".join(f"{cls} ({n})" for cls, n in sorted(carried.items()))
+    return (f"llmperf: -m {expr!r} selected no test: this machine is {state.hardware} (tests that name no hardware "
+            f"carry it), and the tests carry {found}; select with -m {state.hardware}, or judge this machine as "
+            f"another class with --llmperf-hardware {named[0]}")
 
 
 def _engine_group(item: pytest.Item) -> str:
@@ -414,6 +471,9 @@ def _gate(item: pytest.Item, perf: LLMPerf) -> tuple[tuple[str, bool] | None, ga
         return (f"llmperf: {item.nodeid}: {e}", False), None
     if verdict is not None and verdict.status == "regression":
         return (gating.failure_text(verdict, env), True), verdict
+    unmet = gating.unmet_requirement(verdict, state.gate, item.nodeid)
+    if unmet is not None:
+        return (unmet, False), verdict
     if verdict is not None and verdict.message:
         _note(item, "llmperf baseline", verdict.message)
     return None, verdict
@@ -445,11 +505,12 @@ def _plots(item: pytest.Item, perf: LLMPerf, report_dir: Path) -> list[str]:
 def _test_record(nodeid: str, perf: LLMPerf, report: pytest.TestReport, verdict: gating.Verdict | None,
                  state: Session) -> TestRecord:
     results = [
-        result_record(gating.result_entry(result, workload, i), result.to_dict(), workload.to_dict())
-        for i, (result, workload) in enumerate(zip(perf.results, perf.workloads))
+        result_record(gating.result_entry(result, workload, engine, i), result.to_dict(), workload.to_dict())
+        for i, (result, workload, engine) in enumerate(zip(perf.results, perf.workloads, perf.engines))
     ]
     rows = [{**asdict(r), "change": r.change} for r in verdict.rows] if verdict is not None else []
-    return TestRecord(nodeid, report.outcome, verdict.status if verdict is not None else "-", rows, results,
+    return TestRecord(nodeid, report.outcome, verdict.status if verdict is not None else "-", rows,
+                      dict(verdict.uncompared) if verdict is not None else {}, results,
                       gating.environment(perf, state.hardware, state.gpu), [s.summary() for s in perf.sweeps])
 
 
@@ -487,6 +548,14 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     for row in rows:
         tr.write_line("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    gated = baseline_counts(state.records)
+    if gated:
+        tr.write_line(gated)
+    for rec in state.records:
+        for row in rec.baseline_rows:
+            if row["verdict"] in ("improvement", "changed"):
+                tr.write_line(f"  improved: {rec.test} {row['label']!r} {row['metric']} {cell(row['baseline'])} -> "
+                              f"{cell(row['current'])} ({row['change']:+.1%})")
     tr.write_line(f"engines started: {state.pool.starts}; hardware class: {state.hardware}; model: {state.model_spec}")
     tr.write_line(state.pool.times.line(state.pool.starts))
     if state.report_dir is not None and not hasattr(config, "workerinput"):  # xdist: the controller writes

@@ -29,6 +29,7 @@ class TestRecord:
     outcome: str
     baseline: str = "-"
     baseline_rows: list[dict[str, Any]] = field(default_factory=list)
+    baseline_uncompared: dict[str, str] = field(default_factory=dict)  # label -> no-baseline / stale / other-engine
     results: list[dict[str, Any]] = field(default_factory=list)
     environment: dict[str, Any] = field(default_factory=dict)
     sweeps: list[dict[str, Any]] = field(default_factory=list)
@@ -69,14 +70,41 @@ def markdown(records: Sequence[TestRecord], session: Mapping[str, Any]) -> str:
     pictures = [(rec.test, p) for rec in records for p in rec.plots]
     if pictures:
         lines += ["", "### Plots", ""] + [f"- `{t}`: [{Path(p).name}]({p})" for t, p in pictures]
-    regressions = [(rec.test, row) for rec in records for row in rec.baseline_rows if row["verdict"] == "regression"]
-    if regressions:
-        lines += ["", "### Regressions against the stored baselines", "",
-                  "| test | result | metric | baseline | current | change | allowed | reason |",
-                  "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| `{t}` | {r['label']} | {r['metric']} | {cell(r['baseline'])} | {cell(r['current'])} | "
-                  f"{r['change']:+.1%} | {r['allowed']:.1%} | {r['reason']} |" for t, r in regressions]
+    gated = baseline_counts(records)
+    if gated:
+        lines += ["", "### Baselines", "", gated]
+    for title, verdicts in (("Regressions against the stored baselines", baseline.FAILING),
+                            ("Improvements against the stored baselines", {"improvement"})):
+        picked = [(rec.test, row) for rec in records for row in rec.baseline_rows if row["verdict"] in verdicts]
+        if picked:
+            lines += ["", f"### {title}", "", "| test | result | metric | baseline | current | change | allowed | reason |",
+                      "|---|---|---|---|---|---|---|---|"]
+            lines += [f"| `{t}` | {r['label']} | {r['metric']} | {cell(r['baseline'])} | {cell(r['current'])} | "
+                      f"{r['change']:+.1%} | {r['allowed']:.1%} | {r['reason'] or r['verdict']} |" for t, r in picked]
     return "\n".join(lines) + "\n"
+
+
+_STANDING = (("pass", "passed"), ("regression", "regressed"), (baseline.NO_BASELINE, "had no baseline"),
+             (baseline.STALE, "had a stale baseline"), (baseline.OTHER_ENGINE, "had only another engine's baseline"),
+             ("updated", "recorded"))
+
+
+def baseline_counts(records: Sequence[TestRecord]) -> str:
+    """One line: how many tests were compared with their baselines and how many were not, and why;
+    the regressions and improvements found. Empty when no test met the gate (--llmperf-baseline=off)."""
+    judged = [r for r in records if r.baseline != "-"]
+    if not judged:
+        return ""
+    counts = {status: sum(r.baseline == status for r in judged) for status, _ in _STANDING}
+    parts = [f"{n} {words}" for (status, words), n in zip(_STANDING, counts.values()) if n]
+    partial = sum(1 for r in judged if r.baseline in ("pass", "regression") and r.baseline_uncompared)
+    if partial:
+        parts.append(f"{partial} compared in part (a result without a usable baseline)")
+    rows = [row for r in judged for row in r.baseline_rows]
+    worse = sum(row["verdict"] in baseline.FAILING for row in rows)
+    better = sum(row["verdict"] in ("improvement", "changed") for row in rows)
+    return (f"baselines: {len(judged)} tests: " + ", ".join(parts)
+            + f"; {worse} metric{'s' if worse != 1 else ''} regressed or changed, {better} improved")
 
 
 def write(directory: Path, records: Sequence[TestRecord], session: Mapping[str, Any]) -> list[Path]:
@@ -120,7 +148,7 @@ def compare_files(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: flo
         verdict = baseline.compare(stored, [Entry.from_dict(r) for r in test["results"]], tolerances, tolerance)
         regressed |= verdict.status == "regression"
         out.append(f"{test['test']}: {verdict.status}{' - ' + verdict.message if verdict.message else ''}")
-        if verdict.rows and any(r.verdict != "ok" or r.reason for r in verdict.rows):
+        if any(r.verdict not in ("ok", "reported") or r.reason for r in verdict.rows):
             out.append(baseline.format_table(verdict))
     return "\n".join(out), regressed
 

@@ -43,6 +43,9 @@ class LLMPerf:
 
     test_id: str = ""
     on_broken: Callable[[Engine], None] | None = None
+    # an engine ready to measure again: the same one, or its configuration restarted when the pool has
+    # since closed it (a test that measured transformers, then vLLM)
+    revive: Callable[[Engine], Engine] | None = None
     gpu_index: int | None = None  # sample this device with NVML during every measured pass
     gpu_interval_s: float = 0.01
     roofline_of: Callable[[Engine], Roofline | None] | None = None  # the engine's floor on this GPU
@@ -177,12 +180,28 @@ class LLMPerf:
         call of one result its own `salt` (1, 2, ...)."""
         result, engine, workload = self.results[index], self.engines[index], self.workloads[index]
         try:
+            engine = self._revived(index)
             again = self._again(engine, workload, result.repeats, result.label, salt, "re-measurement")
         except BaseException:
             if self.on_broken is not None:
                 self.on_broken(engine)
             raise
         return with_timing_noise(again, self.steady_engines.get(engine, 0.0))
+
+    def _revived(self, index: int) -> Engine:
+        """The engine of the `index`-th result, started again (and warmed up as the first run was) when
+        the pool has closed it since."""
+        engine = self.engines[index]
+        if self.revive is None:
+            return engine
+        live = self.revive(engine)
+        if live is not engine:
+            self.engines[index] = live
+            mode = self._warmup(True)
+            if mode is not None:
+                with self.times.timed("warm-up"):
+                    self._warm_up(live, self.workloads[index], mode)
+        return live
 
     def _again(self, engine: Engine, workload: Workload, repeats: int, label: str, salt: int,
                phase: str = "measurement") -> PerfResult:

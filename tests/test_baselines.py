@@ -319,3 +319,121 @@ def test_a_tolerance_per_metric_for_the_whole_session_and_the_marker_over_it(pyt
     bad = pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-tolerance=0.1,tokens=0.05")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["*--llmperf-tolerance/llmperf_tolerance: tolerance 'tokens=0.05': unknown metric*"])
+
+
+# -- every label judged on its own; paging exact in both directions, and only where it is deterministic --
+def test_a_stale_label_never_hides_another_labels_regression():
+    old = [Entry("a", "w", True, {"output_tokens_per_s": 100.0}, [{}]),
+           Entry("b", "w", True, {"output_tokens_per_s": 100.0}, [{}])]
+    new = [Entry("a", "w", True, {"output_tokens_per_s": 10.0}, [{}]),  # 90% slower
+           Entry("b", "w-changed", True, {"output_tokens_per_s": 100.0}, [{}])]
+    v = baseline.compare(baseline.document("t", "cpu", "m", {}, old), new)
+    assert v.status == "regression" and [r.label for r in v.regressions] == ["a"]
+    assert v.labels == {"a": "compared", "b": "stale"} and v.uncompared == {"b": "stale"}
+    assert "stale baseline: workload of 'b' changed (w -> w-changed)" in v.message
+    only_stale = baseline.compare(baseline.document("t", "cpu", "m", {}, old), new[1:])
+    assert only_stale.status == "stale" and not only_stale.rows
+
+
+def test_deterministic_paging_that_moves_the_better_way_fails_too_and_is_named_an_improvement():
+    old = Entry("0", "w", True, {"kv_blocks_peak": 47, "kv_preemptions": 33}, [{}])
+    new = Entry("0", "w", True, {"kv_blocks_peak": 39, "kv_preemptions": 32}, [{}])
+    v = baseline.compare(stored(old), [new], default_tolerance=5.0)  # a loose timing tolerance changes nothing
+    assert v.status == "regression" and {r.verdict for r in v.regressions} == {"changed"}
+    row = next(r for r in v.regressions if r.metric == "kv_blocks_peak")
+    assert row.reason.startswith("paging changed: kv_blocks_peak 47 -> 39 (lower is better: an improvement")
+    assert {r.metric for r in v.improvements} == {"kv_blocks_peak", "kv_preemptions"}
+
+
+def test_paging_under_timed_arrivals_is_reported_not_gated_unless_a_tolerance_asks():
+    old = Entry("0", "w", False, {"kv_fragmentation_max": 0.2344, "kv_usage_peak": 0.007222}, [{}])
+    new = Entry("0", "w", False, {"kv_fragmentation_max": 0.2708, "kv_usage_peak": 0.007236}, [{}])
+    v = baseline.compare(stored(old), [new])
+    assert v.status == "pass" and {r.verdict for r in v.rows} == {"reported"}
+    assert "kv_fragmentation_max" not in baseline.format_table(v)
+    asked = baseline.compare(stored(old), [new], tolerances={"kv_fragmentation_max": 0.10})
+    assert asked.status == "regression" and asked.regressions[0].reason == "up 15.5%, allowed 10.0%"
+
+
+def test_a_baseline_of_another_engine_is_not_comparable():
+    old = Entry("0", "w", True, {"kv_blocks_peak": 19}, [{}], engine="vllm")
+    v = baseline.compare(stored(old), [Entry("0", "w", True, {"kv_blocks_peak": 600}, [{}], engine="hf")])
+    assert v.status == "other-engine" and not v.rows
+    assert "'0': the baseline was recorded with engine vllm, this run used hf: no comparable baseline" in v.message
+    assert Entry.from_dict(old.to_dict()).engine == "vllm"
+
+
+REQUIRED = """
+import pytest
+from fake_engine import WORKLOAD, FakeWarmingEngine
+from pytest_llmperf import Workload
+
+def test_two(llmperf):  # a FAKE engine (plugin mechanics): each pass takes the time it is told
+    engine = FakeWarmingEngine(DURATIONS)
+    llmperf.run(engine, WORKLOAD, warmup=False, label="a")
+    llmperf.run(engine, Workload.offline(8, prompt_len=16, output_len=SECOND, seed=1), warmup=False, label="b")
+"""
+
+
+def test_require_mode_fails_what_was_not_compared_with_the_command_that_records_it(pytester):
+    """The pull-request gate's strict mode, on a FAKE engine: a missing, stale, foreign-hardware or
+    corrupt baseline fails in one line; compare mode passes the same, and the summary counts them."""
+    pytester.makepyfile(test_r=REQUIRED.replace("DURATIONS", "[1.0]").replace("SECOND", "10"))
+    args = ["-p", "no:randomly", "--llmperf-retries=0"]
+    missing = pytester.runpytest_inprocess(*args, "--llmperf-baseline=require")
+    missing.assert_outcomes(failed=1)
+    missing.stdout.fnmatch_lines(["*llmperf: --llmperf-baseline=require: no baseline for cpu/shape:tiny-llama at "
+                                  "*baselines/cpu/shape_tiny-llama/test_r.py_test_two.json; record it with: "
+                                  "pytest 'test_r.py::test_two' --llmperf-baseline=update*",
+                                  "*baselines: 1 tests: 1 had no baseline*"])
+    lenient = pytester.runpytest_inprocess(*args)
+    lenient.assert_outcomes(passed=1)
+    lenient.stdout.fnmatch_lines(["*baselines: 1 tests: 1 had no baseline; 0 metrics regressed or changed, 0 improved*"])
+    pytester.runpytest_inprocess(*args, "--llmperf-baseline=update").assert_outcomes(passed=1)
+    pytester.runpytest_inprocess(*args, "--llmperf-baseline=require").assert_outcomes(passed=1)
+
+    # label b's workload changed, label a is 50% slower: the regression of a is judged and shown
+    pytester.makepyfile(test_r=REQUIRED.replace("DURATIONS", "[1.5]").replace("SECOND", "11"))
+    both = pytester.runpytest_inprocess(*args, "--llmperf-baseline=require")
+    both.assert_outcomes(failed=1)
+    both.stdout.fnmatch_lines(["*a *output_tokens_per_s*down 33.3%*", "*stale baseline: workload of 'b' changed*"])
+    pytester.makepyfile(test_r=REQUIRED.replace("DURATIONS", "[1.0]").replace("SECOND", "11"))
+    stale = pytester.runpytest_inprocess(*args, "--llmperf-baseline=require")
+    stale.assert_outcomes(failed=1)
+    stale.stdout.fnmatch_lines(["*--llmperf-baseline=require: stale baseline: workload of 'b' changed * record it "
+                                "with: pytest 'test_r.py::test_two' --llmperf-baseline=update*",
+                                "*1 compared in part*"])
+    pytester.runpytest_inprocess(*args).assert_outcomes(passed=1)  # compare mode: b reported, a judged
+
+    foreign = pytester.runpytest_inprocess(*args, "--llmperf-baseline=require", "--llmperf-hardware=a100")
+    foreign.assert_outcomes(failed=1)
+    foreign.stdout.fnmatch_lines(["*no baseline for a100/shape:tiny-llama at *; recorded for other hardware only: cpu;"
+                                  " record it with: pytest 'test_r.py::test_two' --llmperf-hardware=a100 "
+                                  "--llmperf-baseline=update*"])
+    path = next((pytester.path / "baselines").rglob("*.json"))
+    path.write_text("{")
+    corrupt = pytester.runpytest_inprocess(*args, "--llmperf-baseline=require")
+    corrupt.assert_outcomes(failed=1)
+    corrupt.stdout.fnmatch_lines([f"*baseline {path} is unreadable*"])
+
+
+TWO_ENGINES = """
+from pytest_llmperf import Workload
+
+def test_two_engines(hf_engine_factory, llmperf):
+    w = Workload.offline(6, prompt_len=(8, 32), output_len=(2, 8), seed=3)
+    llmperf.run(hf_engine_factory(max_batch_size=2), w, label="first")
+    llmperf.run(hf_engine_factory(max_batch_size=3), w, label="second")  # the pool closes the first engine
+"""
+
+
+def test_update_records_a_test_that_used_two_engines(pytester):
+    """Real transformers: measuring again for the baseline restarts the engine the pool closed, once."""
+    pytester.makepyfile(test_t=TWO_ENGINES)
+    result = pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-baseline=update", "--llmperf-retries=1")
+    result.assert_outcomes(passed=1)
+    doc = json.loads(next((pytester.path / "baselines").rglob("*.json")).read_text())
+    assert [(e["label"], e["passes"], e["engine"]) for e in doc["entries"]] == [("first", 2, "hf"), ("second", 2, "hf")]
+    assert all(e["deterministic"] for e in doc["entries"])
+    result.stdout.fnmatch_lines(["*engines started: 3;*"])  # first, second, then first again for its second pass
+    pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-baseline=require").assert_outcomes(passed=1)

@@ -7,6 +7,7 @@ import atexit
 import importlib
 import importlib.util
 import time
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +49,9 @@ class Engine(ABC):
     max_model_len: int
     vocab_size: int
     holds_device = True  # False for a client of a server someone else runs (nothing to free)
+    # True when the KV pool's size is set by the configuration, not by the machine's free memory: with an
+    # offline workload, paging then repeats exactly and is compared with its baseline exactly
+    fixed_kv_budget = False
 
     @property
     @abstractmethod
@@ -110,6 +114,8 @@ class EnginePool:
         self._engine: Engine | None = None
         self._after_close = after_close  # e.g. wait until the GPU shows the engine's memory freed
         self.starts = 0
+        # how each engine this pool started was asked for, so a closed one can be started again
+        self._made: weakref.WeakKeyDictionary[Engine, tuple[str, ModelSpec, dict[str, Any]]] = weakref.WeakKeyDictionary()
         atexit.register(self.close)  # also on Ctrl-C and crashes that skip pytest's own teardown
 
     def get(self, name: str, model: ModelSpec, config: dict[str, Any]) -> Engine:
@@ -122,7 +128,17 @@ class EnginePool:
             self._engine = cls(model, dict(config))
         self._key = key
         self.starts += 1
+        self._made[self._engine] = (name, model, dict(config))
         return self._engine
+
+    def live(self, engine: Engine) -> Engine:
+        """`engine` while it is the live one; else the same configuration started again (the pool
+        closed it to start another, as a test comparing two engines does, or it broke). An engine this
+        pool did not start is returned as it is."""
+        if engine is self._engine and getattr(engine, "alive", True):
+            return engine
+        made = self._made.get(engine)
+        return engine if made is None else self.get(*made)
 
     def discard(self, engine: Engine) -> None:
         """Forget an engine that broke mid-run so that the next test starts a fresh one."""

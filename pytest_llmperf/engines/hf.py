@@ -83,6 +83,8 @@ class HFEngine(Engine):
             net = transformers.AutoModelForCausalLM.from_pretrained(model.path, **kwargs)
         return net.to(cfg["device"]).eval()
 
+    fixed_kv_budget = True  # the contiguous cache is sized by the batch, never by free memory
+
     @property
     def config(self) -> dict[str, Any]:
         return dict(self._cfg, batching="static")

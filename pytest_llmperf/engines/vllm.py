@@ -312,6 +312,10 @@ class VLLMEngine(Engine):
     def config(self) -> dict[str, Any]:
         return dict(self._resolved)
 
+    @property
+    def fixed_kv_budget(self) -> bool:  # type: ignore[override]
+        return self._resolved.get("num_gpu_blocks_override") is not None
+
     def shutdown(self) -> None:
         llm, self._llm = getattr(self, "_llm", None), None
         self.alive = False

@@ -1,0 +1,51 @@
+"""Hardware selection: `-m CLASS` selects every test that uses the plugin and names no other class."""
+
+SUITE = """
+import pytest
+
+def test_any(llmperf):
+    pass
+
+@pytest.mark.max_p99_ms(ttft=100)
+def test_limit_only():
+    pass
+
+@pytest.mark.h200
+def test_h200_only(llmperf):
+    pass
+
+def test_not_ours():
+    pass
+"""
+
+
+def selected(pytester, *args):
+    result = pytester.runpytest_inprocess("--co", "-q", *args)
+    return [line for line in result.outlines if "::" in line], result
+
+
+def test_unmarked_plugin_tests_carry_this_machines_class(pytester):
+    pytester.makepyfile(test_s=SUITE)
+    names, _ = selected(pytester, "-m", "cpu")
+    assert names == ["test_s.py::test_any", "test_s.py::test_limit_only"]
+    names, _ = selected(pytester, "-m", "h200", "--llmperf-hardware", "h200")
+    assert names == ["test_s.py::test_any", "test_s.py::test_limit_only", "test_s.py::test_h200_only"]
+    names, _ = selected(pytester, "-m", "a100 or h200", "--llmperf-hardware", "a100")
+    assert names == ["test_s.py::test_any", "test_s.py::test_limit_only", "test_s.py::test_h200_only"]
+
+
+def test_a_selection_that_finds_nothing_says_why(pytester):
+    pytester.makepyfile(test_s=SUITE)
+    names, result = selected(pytester, "-m", "a100")
+    assert names == [] and result.ret == 5
+    result.stdout.fnmatch_lines(["llmperf: -m 'a100' selected no test: this machine is cpu (tests that name no hardware "
+                                 "carry it), and the tests carry cpu (2), h200 (1); select with -m cpu, or judge this "
+                                 "machine as another class with --llmperf-hardware a100"])
+    assert "selected no test" not in selected(pytester, "-m", "not a100")[1].stdout.str()
+
+
+def test_a_test_marked_for_other_hardware_is_skipped_with_the_reason(pytester):
+    pytester.makepyfile(test_s=SUITE)
+    result = pytester.runpytest_inprocess("-rs", "-k", "h200_only")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*needs h200 hardware; this machine is cpu (override with --llmperf-hardware)*"])
