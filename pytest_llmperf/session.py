@@ -88,6 +88,12 @@ LIMITS = pytest.StashKey[list[Limit]]()
 PERF = pytest.StashKey[LLMPerf]()
 
 
+def hardware_class(config: pytest.Config) -> str:
+    """The class this session judges the machine as (detected, or --llmperf-hardware): for a conftest
+    that parametrizes by hardware, so that test ids match that class's baselines."""
+    return config.stash[SESSION].hardware
+
+
 def engine_options(item: pytest.Item) -> dict[str, Any]:
     options: dict[str, Any] = {}
     for mark in reversed(list(item.iter_markers(ENGINE_MARKER))):  # module first, the test's own last

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One pytest process of the GPU gate suite on the lent H200 (docs/gpu-validation.md), as perf-gate.yml
+# runs it: `scripts/gpu-gate.sh MODE LABEL [pytest options]`, MODE update or require. Writes the log,
+# results.json and summary.md under $OUT/LABEL*. A vLLM compile cache carried in .vllm-cache/cache.tgz
+# is unpacked first, and the cache is packed back to $OUT/cache.tgz when KEEP_CACHE=1. An update packs the
+# baselines it wrote to $OUT/baselines-h200.tgz. pytest stops after BUDGET_S seconds (default 560).
+set -o pipefail
+mode=$1 label=$2
+shift 2
+source .gpukit/env.sh || exit 9
+export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 VLLM_CACHE_ROOT=/tmp/vllm-cache
+mkdir -p "$VLLM_CACHE_ROOT"
+if [ -f .vllm-cache/cache.tgz ] && [ ! -f "$VLLM_CACHE_ROOT/.unpacked" ]; then
+  tar -xzf .vllm-cache/cache.tgz -C "$VLLM_CACHE_ROOT" && touch "$VLLM_CACHE_ROOT/.unpacked"
+fi
+start=$(date +%s)
+timeout "${BUDGET_S:-560}" python3 -m pytest -p pytest_llmperf.plugin -p no:cacheprovider perf_tests/test_latency.py perf_tests/test_paging.py \
+  -m h200 --llmperf-model=shape:llama-3.1-8b --llmperf-baseline="$mode" \
+  --llmperf-tolerance=0.10,output_tokens_per_s=0.05 --llmperf-report="$OUT/$label" -q -rA "$@" > "$OUT/$label.log" 2>&1
+rc=$?
+echo "$label: rc=$rc wall=$(( $(date +%s) - start ))s"
+grep -E "^(FAILED|ERROR)|passed|failed|^baselines:|^time to verdict" "$OUT/$label.log" | tail -15
+if [ "$mode" = update ]; then
+  tar -czf "$OUT/baselines-h200.tgz" baselines/h200 && ls baselines/h200/*/ | wc -l
+fi
+if [ "${KEEP_CACHE:-0}" = 1 ]; then
+  tar -czf "$OUT/cache.tgz" -C "$VLLM_CACHE_ROOT" . && du -h "$OUT/cache.tgz"
+fi
+exit $rc
