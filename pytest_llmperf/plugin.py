@@ -553,8 +553,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         tr.write_line(gated)
     for rec in state.records:
         for row in rec.baseline_rows:
-            if row["verdict"] in ("improvement", "changed"):
-                tr.write_line(f"  improved: {rec.test} {row['label']!r} {row['metric']} {cell(row['baseline'])} -> "
+            if row["verdict"] in ("regression", "changed", "improvement"):
+                kind = {"regression": "regressed", "changed": "changed (improved)", "improvement": "improved"}[row["verdict"]]
+                tr.write_line(f"  {kind}: {rec.test} {row['label']!r} {row['metric']} {cell(row['baseline'])} -> "
                               f"{cell(row['current'])} ({row['change']:+.1%})")
     tr.write_line(f"engines started: {state.pool.starts}; hardware class: {state.hardware}; model: {state.model_spec}")
     tr.write_line(state.pool.times.line(state.pool.starts))
