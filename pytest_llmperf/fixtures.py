@@ -83,7 +83,9 @@ def vllm_server(llmperf_session: Session, tmp_path_factory: pytest.TempPathFacto
     vllm = pytest.importorskip("vllm", reason="vllm_server needs vLLM installed")
     server = VLLMServer(llmperf_session.model(), llmperf_session.server_options,
                         tmp_path_factory.mktemp("vllm-serve"), cpu=_is_cpu_build(vllm))
+    llmperf_session.server = server  # the plugin restarts it when it dies between tests
     try:
         yield server
     finally:
+        llmperf_session.server = None
         server.stop()

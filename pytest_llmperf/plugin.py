@@ -323,6 +323,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @pytest.hookimpl(tryfirst=True)  # before fixtures: no engine starts for a test with a bad marker
 def pytest_runtest_setup(item: pytest.Item) -> None:
     _skip_other_hardware(item)
+    _check_server(item)
     try:
         item.stash[LIMITS] = _limits(item)
         engine_options(item)  # a malformed engine marker errors here, before anything starts
@@ -331,6 +332,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     else:
         return
     pytest.fail(f"llmperf: {item.nodeid}: {problem}", pytrace=False)
+
+
+def _check_server(item: pytest.Item) -> None:
+    """A `vllm serve` of the vllm_server fixture that died since the last test (killed, crashed) fails
+    the next test that needs it at once, with its exit code and log, and is restarted for the test
+    after; a death that already failed the test it happened in restarts it silently."""
+    state = item.config.stash[SESSION]
+    server = state.server
+    if server is None or server.alive or "vllm_server" not in getattr(item, "fixturenames", ()):
+        return
+    if server.pid in state.server_deaths_reported:
+        server.restart()
+        return
+    state.server_deaths_reported.add(server.pid)
+    pytest.fail(f"llmperf: vllm serve (pid {server.pid}) exited with code {server.returncode} since the previous "
+                f"test; it is restarted for the next test. Its log ({server.log_path}) ends:\n{server.log_tail(15)}",
+                pytrace=False)
 
 
 def _skip_other_hardware(item: pytest.Item) -> None:
@@ -448,6 +466,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.longrepr, report.llmperf_failed = judged
     if server is not None and report.failed:
         report.sections.append(("vllm serve log (last lines)", server.log_tail()))
+        if not server.alive:  # it died during this test, which says so: the next test gets a fresh one
+            item.config.stash[SESSION].server_deaths_reported.add(server.pid)
     if perf is not None and perf.results:
         state = item.config.stash[SESSION]
         record = _test_record(item.nodeid, perf, report, verdict, state)

@@ -43,6 +43,8 @@ class Session:
     openai_defaults: dict[str, Any] = field(default_factory=dict)
     server_options: dict[str, Any] = field(default_factory=dict)
     records: list[TestRecord] = field(default_factory=list)
+    server: Any = None  # the vllm_server fixture's VLLMServer, once started
+    server_deaths_reported: set[int] = field(default_factory=set)  # pids of servers whose death failed a test
     bandwidth: float | None = None  # bytes/s of this GPU's memory, measured on first use (0: not measurable)
     footprints: dict[tuple[str, str], tuple[int, int] | None] = field(default_factory=dict)  # (path, dtype)
 

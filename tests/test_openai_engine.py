@@ -43,6 +43,18 @@ def test_an_unreachable_server_is_a_clear_error(openai_engine_factory):
         openai_engine_factory(base_url="http://127.0.0.1:9/v1")
 
 
+def test_a_server_that_went_away_fails_the_next_run_in_seconds(openai_engine_factory, llmperf):
+    """A server someone else runs, gone between two runs (the fake server: plugin mechanics)."""
+    server = FakeServer({})
+    engine = openai_engine_factory(base_url=server.base_url, vocab_size=1000)
+    assert llmperf.run(engine, WORKLOAD, warmup=False).failed == 0
+    server.stop()
+    t = time.monotonic()
+    with pytest.raises(EngineError, match=r"the server at http://127.0.0.1:\d+ is not answering \(ConnectError"):
+        llmperf.run(engine, WORKLOAD, warmup=False)
+    assert time.monotonic() - t < 10 and not engine.alive  # the pool asks afresh next time
+
+
 def test_failed_requests_fail_the_test_unless_allowed(pytester):
     pytester.makeconftest(f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})")
     pytester.makepyfile(test_e="""
@@ -155,3 +167,68 @@ def test_chat_and_text_prompts_through_the_shape_tokenizer(served, openai_engine
     text = openai_engine_factory(base_url=served.base_url, token_ids=False).run(w).sequences
     assert [s.prompt_len for s in text] == [q.prompt_len for q in w.requests]
     assert [s.output_tokens for s in text] == [q.output_len for q in w.requests]
+
+
+SERVER_KILLED = """
+import os, signal, threading, time
+
+import pytest
+from pytest_llmperf import Workload
+
+W = Workload.offline(4, prompt_len=32, output_len=8, seed=1)
+
+
+def timed(name, fn):
+    t = time.monotonic()
+    try:
+        return fn()
+    finally:
+        with open(name, "w") as f:
+            f.write(str(time.monotonic() - t))
+
+
+def kill(server):
+    os.killpg(server.pid, signal.SIGKILL)
+    while server.alive:
+        time.sleep(0.1)
+
+
+def test_a_kill_between_tests(vllm_server, openai_engine_factory, llmperf):
+    assert llmperf.run(openai_engine_factory(base_url=vllm_server.base_url), W, warmup=False).failed == 0
+    kill(vllm_server)
+
+
+def test_b_next(vllm_server, openai_engine_factory, llmperf):
+    pass  # fails at setup: the server died since the previous test
+
+
+def test_c_after(vllm_server, openai_engine_factory, llmperf):
+    assert llmperf.run(openai_engine_factory(base_url=vllm_server.base_url), W, warmup=False).failed == 0
+
+
+def test_d_killed_mid_run(vllm_server, openai_engine_factory, llmperf):
+    engine = openai_engine_factory(base_url=vllm_server.base_url)
+    threading.Timer(2.0, kill, [vllm_server]).start()
+    timed("mid_run_s", lambda: llmperf.run(engine, Workload.offline(8, prompt_len=64, output_len=3000), warmup=False))
+
+
+def test_e_after(vllm_server, openai_engine_factory, llmperf):
+    assert llmperf.run(openai_engine_factory(base_url=vllm_server.base_url), W, warmup=False).failed == 0
+"""
+
+
+def test_vllm_serve_killed_between_tests_and_mid_run_fails_fast_and_is_restarted(pytester):
+    """A real `vllm serve` of the vllm_server fixture, SIGKILLed (as the OOM killer would) between two
+    tests and during a run, in a pytest process of its own."""
+    pytester.makepyfile(test_k=SERVER_KILLED)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-rA",
+                           "--durations=0", "-vv", "test_k.py"], cwd=pytester.path, capture_output=True, text=True, timeout=900)
+    out = proc.stdout
+    assert "3 passed" in out and "1 failed" in out and "1 error" in out, out[-4000:]
+    assert "ERROR test_k.py::test_b_next - Failed: llmperf: vllm serve (pid" in out
+    assert "exited with code -9 since the previous test; it is restarted for the next test" in out
+    assert "FAILED test_k.py::test_d_killed_mid_run" in out and "error_rate" in out
+    mid_run = float((pytester.path / "mid_run_s").read_text())
+    setup_b = next(float(line.split("s")[0]) for line in out.splitlines() if line.endswith("setup    test_k.py::test_b_next"))
+    print(f"time to failure: killed between tests {setup_b:.2f} s, killed mid-run {mid_run:.1f} s")
+    assert setup_b < 5 and mid_run < 30

@@ -1,7 +1,10 @@
 """Faults and bad input: each gives a clear error naming the cause, keeps what was measured, and
 leaves no engine process behind; the next test gets a working engine (docs/reliability.md)."""
 
+import subprocess
+import sys
 import threading
+import time
 
 import psutil
 import pytest
@@ -25,7 +28,10 @@ def test_an_engine_killed_mid_run_fails_its_requests_and_is_restarted(vllm_engin
     victims = engine_processes()
     assert victims, "vLLM's engine core runs in child processes"
     threading.Timer(1.5, lambda: [p.kill() for p in victims]).start()
+    t = time.monotonic()
     r = llmperf.run(vllm_engine, Workload.offline(8, prompt_len=64, output_len=2000), warmup=False)
+    print(f"killed mid-run: the run ended {time.monotonic() - t:.1f} s after it started")
+    assert time.monotonic() - t < 30
     assert r.failed == r.n_sequences == 8 and any("EngineDeadError" in e for e in r.errors)
     assert r.kv.fragmentation_max is None and r.kv.preemptions is None  # not measured, never zeros
     fresh = vllm_engine_factory(**OWN)
@@ -34,11 +40,59 @@ def test_an_engine_killed_mid_run_fails_its_requests_and_is_restarted(vllm_engin
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in victims)
 
 
+ENGINE_KILLED = """
+import time
+
+import psutil
+import pytest
+from pytest_llmperf import Workload
+
+pytestmark = pytest.mark.llmperf_engine(num_gpu_blocks_override=150)
+W = Workload.offline(4, prompt_len=32, output_len=8, seed=1)
+
+
+def test_a_kill_while_idle(vllm_engine, llmperf):
+    assert llmperf.run(vllm_engine, W, warmup=False).failed == 0
+    victims = psutil.Process().children(recursive=True)
+    for p in victims:
+        p.kill()
+    psutil.wait_procs(victims, timeout=10)
+
+
+def test_b_next(vllm_engine, llmperf):
+    t = time.monotonic()
+    try:
+        llmperf.run(vllm_engine, W, warmup=False)
+    finally:
+        with open("next_s", "w") as f:
+            f.write(str(time.monotonic() - t))
+
+
+def test_c_after(vllm_engine, llmperf):
+    assert llmperf.run(vllm_engine, W, warmup=False).failed == 0
+"""
+
+
+def test_an_engine_core_killed_between_tests_fails_the_next_run_in_seconds(pytester):
+    """vLLM's engine core SIGKILLed while idle (as the OOM killer would), in a pytest process of its
+    own: the next test fails with the cause, not after LLMPERF_RUN_TIMEOUT_S; the one after passes."""
+    pytester.makepyfile(test_k=ENGINE_KILLED)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-rA",
+                           "test_k.py"], cwd=pytester.path, capture_output=True, text=True, timeout=600)
+    out = proc.stdout
+    assert "2 passed" in out and "1 failed" in out, out[-4000:]
+    assert "EngineError: the vLLM engine core died (EngineDeadError) before this run" in out
+    seconds = float((pytester.path / "next_s").read_text())
+    print(f"killed while idle: the next run failed after {seconds:.2f} s")
+    assert seconds < 30
+
+
 @pytest.mark.llmperf_engine(**OWN)
 def test_a_run_that_never_finishes_times_out_and_the_engine_is_replaced(vllm_engine, vllm_engine_factory, llmperf,
                                                                        monkeypatch):
     monkeypatch.setenv("LLMPERF_RUN_TIMEOUT_S", "1")
-    with pytest.raises(EngineError, match=r"did not finish within 1s \(LLMPERF_RUN_TIMEOUT_S\)"):
+    with pytest.raises(EngineError, match=r"did not finish within 1s \(LLMPERF_RUN_TIMEOUT_S\) although its engine "
+                                          r"core is alive: the engine is stuck"):
         llmperf.run(vllm_engine, Workload.offline(8, prompt_len=64, output_len=3000), warmup=False)
     monkeypatch.delenv("LLMPERF_RUN_TIMEOUT_S")
     fresh = vllm_engine_factory(**OWN)

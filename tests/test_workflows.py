@@ -12,6 +12,13 @@ import yaml
 from pytest_llmperf.baseline import path_for
 
 ROOT = Path(__file__).resolve().parents[1]
+# Baselines the gate suite still lacks on a class, each with why. The strict gate fails these tests on
+# that runner, saying how to record them; an entry must go once its file exists (the test checks both).
+NOT_YET_RECORDED = {
+    # the recording on the lent H200 ran out of device time: transformers' 8B shape took minutes to start
+    # (random weights made on the CPU, now made on the GPU) and the test did not finish within one call
+    "h200": {"perf_tests/test_paging.py::test_paged_kv_wastes_far_less_than_a_contiguous_cache"},
+}
 
 
 def workflow(name):
@@ -42,8 +49,9 @@ def test_the_perf_gate_selects_its_whole_suite_on_its_runner_class_and_every_tes
     picked, out = collected(*tests, "-m", hardware, f"--llmperf-hardware={hardware}", *args)
     assert picked == whole and len(picked) >= 10, out.stdout
     model = option(args, "--llmperf-model")
-    missing = [t for t in picked if not path_for(ROOT / "baselines", t, hardware, model).exists()]
-    assert not missing, f"no {hardware} baseline for {missing}: record them with update-baselines.yml"
+    missing = {t for t in picked if not path_for(ROOT / "baselines", t, hardware, model).exists()}
+    assert missing == NOT_YET_RECORDED.get(hardware, set()), \
+        f"{hardware} baselines missing {missing}, known gaps {NOT_YET_RECORDED.get(hardware)}: record with update-baselines.yml"
 
 
 def test_update_baselines_records_what_the_perf_gate_judges():

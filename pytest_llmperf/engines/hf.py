@@ -78,7 +78,10 @@ class HFEngine(Engine):
         if model.is_shape:
             torch.manual_seed(0)
             hf_config = transformers.AutoConfig.from_pretrained(model.path)
-            net = transformers.AutoModelForCausalLM.from_config(hf_config, **kwargs)
+            # random weights made where they run: on a GPU an 8B shape initialised on the CPU first took
+            # minutes of a GPU job to start
+            with torch.device(cfg["device"]):
+                net = transformers.AutoModelForCausalLM.from_config(hf_config, **kwargs)
         else:
             net = transformers.AutoModelForCausalLM.from_pretrained(model.path, **kwargs)
         return net.to(cfg["device"]).eval()

@@ -18,6 +18,7 @@ the key nor its value is stored in the configuration, reports or baselines.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -28,6 +29,8 @@ from ..models import ModelSpec
 from ..trace import Chunk, KVSample, RunTrace, SequenceTrace
 from ..workload import Workload
 from .base import Engine, EngineError, wait_for_turn
+
+HEALTH_TIMEOUT_S = 5.0  # a server that cannot answer /health this fast is not running a workload either
 
 DEFAULTS: dict[str, Any] = {
     "base_url": None,  # e.g. http://127.0.0.1:8000/v1
@@ -118,7 +121,28 @@ class OpenAIEngine(Engine):
     # -- running ----------------------------------------------------------------------------
     def run(self, workload: Workload, salt: int = 0) -> RunTrace:
         self.check_fits(workload)
-        return asyncio.run(self._run(workload, salt))
+        self._check_health()
+        trace = asyncio.run(self._run(workload, salt))
+        if any(s.error for s in trace.sequences):
+            with contextlib.suppress(EngineError):
+                self._check_health()  # failed requests of a server that went away: the next test asks afresh
+        return trace
+
+    def _check_health(self) -> None:
+        """Fails in seconds when the server is gone (its process killed, the port closed), instead of
+        sending a whole workload into refused connections. A server without /health is asked nothing."""
+        url = self._root() + "/health"
+        try:
+            status = self._httpx.get(url, headers=self._headers(), timeout=HEALTH_TIMEOUT_S).status_code
+        except self._httpx.HTTPError as e:
+            problem = f"is not answering ({type(e).__name__}: {e})"
+        else:
+            if status < 500:  # 200, or 404 from a server without /health
+                return
+            problem = f"answers {url} with HTTP {status} (vLLM says so when its engine is dead)"
+        self.alive = False
+        raise EngineError(f"the server at {self._root()} {problem}: it is down or was killed; its log names the "
+                          "cause (the vllm_server fixture restarts its own for the next test)")
 
     async def _run(self, workload: Workload, salt: int) -> RunTrace:
         httpx = self._httpx

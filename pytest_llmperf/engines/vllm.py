@@ -56,6 +56,12 @@ USAGE_CONTEXTS = {"serve": "OPENAI_API_SERVER", "llm": "LLM_CLASS"}
 OWN_OPTIONS = frozenset({STREAM_OPTION, DEFAULTS_OPTION})  # never handed to vLLM
 
 
+# how often a waiting call looks at the engine core's health, and how long requests of a core that
+# died get to end with their own EngineDeadError (counted as failed requests) before the call fails
+HEALTH_POLL_S = 0.5
+DEAD_GRACE_S = 5.0
+
+
 def run_timeout_s() -> float:
     """One pass's time limit (`LLMPERF_RUN_TIMEOUT_S`): a request that never finishes fails the test."""
     return float(os.environ.get("LLMPERF_RUN_TIMEOUT_S", DEFAULT_RUN_TIMEOUT_S))
@@ -322,7 +328,7 @@ class VLLMEngine(Engine):
         if llm is not None:
             try:
                 # inside the loop thread: AsyncLLM cancels its output handler task there
-                self._call(self._shutdown_in_loop(llm), timeout=120)
+                self._call(self._shutdown_in_loop(llm), timeout=120, watch=False)
             finally:
                 self._stop_loop()
                 del llm
@@ -346,21 +352,48 @@ class VLLMEngine(Engine):
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def _call(self, coro: Coroutine[Any, Any, Any], timeout: float | None = -1.0) -> Any:
+    def _call(self, coro: Coroutine[Any, Any, Any], timeout: float | None = -1.0, watch: bool = True) -> Any:
+        """Runs `coro` in the engine's loop. While it waits, the engine core's health is watched
+        (`watch`): a core that died fails the call within seconds, not at the timeout, which stays the
+        last resort for an engine that is alive but stuck."""
         timeout = run_timeout_s() if timeout == -1.0 else timeout
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return future.result(timeout=timeout)
-        except TimeoutError:
-            future.cancel()
-            self.alive = False  # requests may still be in flight: the next test gets a fresh engine
-            raise EngineError(f"vLLM run did not finish within {timeout:.0f}s (LLMPERF_RUN_TIMEOUT_S); "
-                              "the engine is restarted for the next test") from None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        dead_since = None
+        while True:
+            try:
+                return future.result(timeout=HEALTH_POLL_S)
+            except TimeoutError:
+                pass
+            now = time.monotonic()
+            if watch and dead_since is None and self._dead():
+                dead_since = now
+            # requests of a core that died end with EngineDeadError, counted as failed: give them a moment
+            if dead_since is not None and now - dead_since > DEAD_GRACE_S:
+                future.cancel()
+                self.alive = False
+                raise EngineError("the vLLM engine core died (EngineDeadError) during this run; its log above names "
+                                  "the cause (often the OOM killer or a GPU fault); the engine is restarted for the "
+                                  "next test")
+            if deadline is not None and now > deadline:
+                future.cancel()
+                self.alive = False  # requests may still be in flight: the next test gets a fresh engine
+                raise EngineError(f"vLLM run did not finish within {timeout:.0f}s (LLMPERF_RUN_TIMEOUT_S) although "
+                                  "its engine core is alive: the engine is stuck; it is restarted for the next test")
+
+    def _dead(self) -> bool:
+        """vLLM's own flag: its front end marks the engine dead as soon as an engine-core process exits."""
+        llm = getattr(self, "_llm", None)  # None while it starts and after it shut down
+        return llm is not None and bool(getattr(llm, "errored", False))
 
     # -- running ----------------------------------------------------------------------------
     def run(self, workload: Workload, salt: int = 0) -> RunTrace:
         if not self.alive:
             raise EngineError("this vLLM engine was shut down; ask the fixture for it again")
+        if self._dead():  # killed while idle (the OOM killer, a GPU fault): nothing would ever answer
+            self.alive = False
+            raise EngineError("the vLLM engine core died (EngineDeadError) before this run; its log above names the "
+                              "cause (often the OOM killer or a GPU fault); the engine is restarted for the next test")
         self.check_fits(workload)
         self._runs += 1
         self._call(self._reset_prefix_cache())

@@ -49,30 +49,48 @@ class VLLMServer:
     def __init__(self, model: ModelSpec, options: dict[str, Any], log_dir: Path, cpu: bool,
                  startup_timeout_s: float = 300.0) -> None:
         self.model = model
+        self._options, self._log_dir, self._cpu, self._startup_timeout_s = options, log_dir, cpu, startup_timeout_s
+        atexit.register(self.stop)
+        self._launch()
+
+    def _launch(self) -> None:
+        model, cpu = self.model, self._cpu
         self.port = free_port()
-        self.log_path = log_dir / f"vllm-serve-{self.port}.log"
+        self.log_path = self._log_dir / f"vllm-serve-{self.port}.log"
         args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model.path,
                 "--host", "127.0.0.1", "--port", str(self.port), "--disable-uvicorn-access-log"]
         defaults: dict[str, Any] = dict(CPU_DEFAULTS) if cpu else {}
         if model.is_shape:
             args += ["--load-format", "dummy"]
             defaults["max_model_len"] = min(model.max_position_embeddings or 4096, 4096)
-        args += flags({**defaults, **options})
+        args += flags({**defaults, **self._options})
         env = dict(os.environ)
         if cpu:
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         self.command = args
-        log_dir.mkdir(parents=True, exist_ok=True)
+        self._log_dir.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w")  # noqa: SIM115 - lives as long as the server
         self._proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                       start_new_session=True)
-        atexit.register(self.stop)
         try:
-            self._wait_ready(startup_timeout_s)
+            self._wait_ready(self._startup_timeout_s)
         except BaseException:
             self.stop()
             raise
+
+    def restart(self) -> None:
+        """A fresh server in place of one that died (on a new port: `base_url` changes)."""
+        self.stop()
+        self._launch()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.poll()
 
     @property
     def base_url(self) -> str:
