@@ -115,11 +115,9 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
         return Verdict("updated", message=f"baseline written: {path}")
     stored = baseline.load(path)
     if stored is None:
-        verdict = Verdict(baseline.NO_BASELINE, message=_missing(cfg, path),
-                          labels={e.label: baseline.NO_BASELINE for e in current})
-    else:
-        verdict = judge(stored, perf, current, {**cfg.tolerances, **tol}, cfg.tolerance, cfg.retries)
-    return verdict
+        return Verdict(baseline.NO_BASELINE, message=_missing(cfg, path),
+                       labels={e.label: baseline.NO_BASELINE for e in current})
+    return judge(stored, perf, current, {**cfg.tolerances, **tol}, cfg.tolerance, cfg.retries)
 
 
 def unmet_requirement(verdict: Verdict | None, cfg: GateConfig, test_id: str) -> str | None:

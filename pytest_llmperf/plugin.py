@@ -553,6 +553,9 @@ class RecordCollector:
             self.state.records.append(TestRecord(**record))
 
 
+_ROW_WORDS = {"regression": "regressed", "changed": "changed (improved)", "improvement": "improved"}
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state = config.stash.get(SESSION, None)
     if state is None or not state.records:
@@ -573,8 +576,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         tr.write_line(gated)
     for rec in state.records:
         for row in rec.baseline_rows:
-            if row["verdict"] in ("regression", "changed", "improvement"):
-                kind = {"regression": "regressed", "changed": "changed (improved)", "improvement": "improved"}[row["verdict"]]
+            kind = _ROW_WORDS.get(row["verdict"])
+            if kind is not None:
                 tr.write_line(f"  {kind}: {rec.test} {row['label']!r} {row['metric']} {cell(row['baseline'])} -> "
                               f"{cell(row['current'])} ({row['change']:+.1%})")
     tr.write_line(f"engines started: {state.pool.starts}; hardware class: {state.hardware}; model: {state.model_spec}")
