@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import quantiles
 from .metrics import PerfResult, SequenceMetrics
 from .sweep import Sweep, throughput_per_gib
 
@@ -258,10 +259,58 @@ def check(limits: Iterable[Limit], results: Sequence[PerfResult]) -> list[Violat
                     f"{limit.metric} in this run (e.g. no GPU, or a metric the engine cannot observe). "
                     "Remove the marker for this engine or run where the metric exists."
                 )
-            if not limit.holds(measured):
+            if not limit.holds(measured) and _confirmed(limit, result):
                 worst = tuple(result.worst(limit.sequence_metric)) if limit.sequence_metric else ()
                 violations.append(Violation(limit, float(measured), result, worst))
     return violations
+
+
+def _per_request(result: PerfResult, name: str) -> list[float] | None:
+    """A latency metric's per-request values (ITL gaps are not kept per request: None)."""
+    if name == "itl":
+        return None
+    return [v for s in result.sequences if (v := getattr(s, name)) is not None]
+
+
+def _confirmed(limit: Limit, result: PerfResult) -> bool:
+    """Whether a violated percentile limit is violated beyond chance: on fewer samples than the
+    percentile needs, only when even the lower end of its 95% interval is over the limit (a p99 of
+    16 requests is their largest: one slow request would fail it)."""
+    parsed = quantiles.percentile_of(limit.metric)
+    if parsed is None or not limit.upper:
+        return True
+    q, name = parsed
+    n, values = result.samples.get(name), _per_request(result, name)
+    if n is None or n >= quantiles.needed(q) or values is None:
+        return True
+    lo, _ = quantiles.interval(values, q)
+    return lo is not None and lo > limit.bound
+
+
+def sample_notes(limits: Iterable[Limit], results: Sequence[PerfResult]) -> list[str]:
+    """What the percentile limits could not settle for lack of samples: a violation not gated, or a
+    pass that does not prove the limit holds. Shown with the test's report, never a silent pass."""
+    notes = []
+    for result in results:
+        values = result.flat()
+        for limit in limits:
+            parsed, measured = quantiles.percentile_of(limit.metric), values.get(limit.metric)
+            if parsed is None or measured is None or not limit.upper:
+                continue
+            q, name = parsed
+            n = result.samples.get(name)
+            if n is None or n >= quantiles.needed(q):
+                continue
+            label = f" [{result.label}]" if result.label else ""
+            why = quantiles.not_gated(limit.metric, n)
+            if not limit.holds(measured) and not _confirmed(limit, result):
+                notes.append(f"{limit.metric} = {_fmt(measured)} ms > limit {_fmt(limit.bound)} ms (from "
+                             f"@pytest.mark.{limit.marker}){label}: {why}, and the lower end of its 95% interval is "
+                             "within the limit; measure more requests to gate it")
+            elif limit.holds(measured):
+                notes.append(f"{limit.metric} = {_fmt(measured)} ms <= limit {_fmt(limit.bound)} ms (from "
+                             f"@pytest.mark.{limit.marker}){label} holds in this sample, but proves little: {why}")
+    return notes
 
 
 def could_be_noise(violations: Sequence[Violation], offline: bool) -> bool:

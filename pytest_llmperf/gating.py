@@ -61,7 +61,8 @@ def result_entry(result: Any, workload: Any, engine: Any, index: int) -> Entry:
     # depend on the machine's free memory
     return Entry(label=_label(result, index), workload_hash=result.workload_hash,
                  deterministic=workload.is_offline and engine.fixed_kv_budget, metrics=result.flat(),
-                 per_repeat=list(result.per_repeat), noise=dict(result.noise), engine=engine.name)
+                 per_repeat=list(result.per_repeat), noise=dict(result.noise), engine=engine.name,
+                 samples=dict(result.samples))
 
 
 def _label(result: Any, index: int) -> str:
@@ -144,8 +145,10 @@ def _first_line(text: str) -> str:
 def judge(stored: Mapping[str, Any], perf: LLMPerf, current: Sequence[Entry], tol: Mapping[str, float],
           default_tolerance: float, retries: int) -> Verdict:
     """The comparison, with a second look at a regression that could be noise: a result that regresses
-    on timing metrics only is measured again, up to `retries` times, and judged by its best pass. A
-    busy host slows some passes; a regression slows all of them (docs/performance.md, detection power)."""
+    on timing metrics only is measured again, up to `retries` times, each time in a fresh start of its
+    engine, and judged by its best pass. A baseline was recorded in another engine start (another CI
+    job), and starts differ where the passes of one start agree; a busy host or an unlucky start slows
+    some passes, a regression slows all of them (docs/performance.md, false alarms)."""
     verdict = baseline.compare(stored, current, tol, default_tolerance)
     suspects = verdict.worth_measuring_again() & set(_result_indices(perf))
     first = set(suspects)
@@ -153,7 +156,7 @@ def judge(stored: Mapping[str, Any], perf: LLMPerf, current: Sequence[Entry], to
         if not suspects:
             break
         try:
-            current = measured_again(perf, current, suspects, 1, salt=n)
+            current = measured_again(perf, current, suspects, 1, salt=n, fresh_start=True)
         except Exception as e:  # noqa: BLE001 - judged on what was measured; the engine's error is shown
             return replace(verdict, message=_joined(verdict.message, f"could not measure {', '.join(sorted(suspects))} "
                                                     f"again ({type(e).__name__}: {e}); judged on the passes measured"))
@@ -168,15 +171,20 @@ def judge(stored: Mapping[str, Any], perf: LLMPerf, current: Sequence[Entry], to
     return verdict
 
 
-def measured_again(perf: LLMPerf, current: Sequence[Entry], labels: set[str], times: int, salt: int = 1) -> list[Entry]:
+def measured_again(perf: LLMPerf, current: Sequence[Entry], labels: set[str], times: int, salt: int = 1,
+                   fresh_start: bool = False) -> list[Entry]:
     """`current` with each result named in `labels` measured `times` more and replaced by its best
-    (`baseline.best_of`); sweep capacities are derived, not measured, and stay as they are."""
+    (`baseline.best_of`); sweep capacities are derived, not measured, and stay as they are. With
+    `fresh_start`, each engine involved is started again first (once, for all its results)."""
     indices = _result_indices(perf)
     out = list(current)
     wanted = [pos for pos, e in enumerate(out) if e.label in labels and e.label in indices]
+    started: list[Any] = []
     for pos in sorted(wanted, key=lambda pos: _restart_order(perf, indices[out[pos].label])):
         entry = out[pos]
         i = indices[entry.label]
+        if fresh_start and not any(perf.engines[i] is e for e in started):
+            started.append(perf.restart_engine(i))
         again = [result_entry(perf.remeasure(i, salt + k), perf.workloads[i], perf.engines[i], i) for k in range(times)]
         out[pos] = baseline.best_of([entry, *again])
     return out

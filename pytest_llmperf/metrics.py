@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from . import quantiles
 from .trace import KVSample, RunTrace, SequenceTrace
 
 PERCENTILES = (50, 90, 95, 99)
@@ -128,8 +129,11 @@ class PerfResult:
     sequences: tuple[SequenceMetrics, ...] = field(repr=False)
     per_repeat: tuple[dict[str, float | None], ...] = field(repr=False)
     errors: tuple[str, ...] = field(default=(), repr=False)
-    # relative half-width of the 95% bootstrap interval of each latency percentile (p50_ttft_ms: 0.04)
+    # relative half-width of the 95% interval of each latency percentile (p50_ttft_ms: 0.04): the wider
+    # of its order-statistic interval and a bootstrap that resamples engine steps whole (`latency_noise`)
     noise: dict[str, float] = field(default_factory=dict, repr=False)
+    # independent samples behind each latency metric's percentiles (ttft: requests; itl: engine steps)
+    samples: dict[str, int] = field(default_factory=dict, repr=False)
     duration_s: float = 0.0
     label: str = ""
     partial: bool = False  # the run crashed after these repeats: reported, never a pass
@@ -392,13 +396,30 @@ def with_timing_noise(result: PerfResult, noise: float) -> PerfResult:
 
 def latency_noise(samples: dict[str, Sequence[float]], events: dict[str, Sequence[Any]] | None = None
                   ) -> dict[str, float]:
-    """`events`: per metric, what produced each sample (`percentile_noise`)."""
+    """Per percentile, the wider of its order-statistic interval (`quantiles`) and, for p50 and p99,
+    a bootstrap that keeps each event's values together. `events`: per metric, what produced each
+    sample (`percentile_noise`); gaps ended by one engine step rise and fall together, which the
+    order statistics, counting every gap as independent, would miss."""
     out = {}
     for name, values in samples.items():
-        for q in NOISE_PERCENTILES:
-            n = percentile_noise(values, q, (events or {}).get(name))
-            if n is not None:
-                out[f"p{q}_{name}_ms"] = round(n, 6)
+        for q in PERCENTILES:
+            widths = [quantiles.relative_halfwidth(values, q / 100)]
+            if q in NOISE_PERCENTILES:
+                widths.append(percentile_noise(values, q, (events or {}).get(name)))
+            present = [w for w in widths if w is not None]
+            if present:
+                out[f"p{q}_{name}_ms"] = round(max(present), 6)
+    return out
+
+
+def independent_samples(samples: dict[str, Sequence[float]], events: dict[str, Sequence[Any]] | None = None
+                        ) -> dict[str, int]:
+    """How many independent samples each metric's percentiles rest on: its values, or the distinct
+    events that produced them (the engine steps that ended ITL gaps)."""
+    out = {}
+    for name, values in samples.items():
+        produced_by = (events or {}).get(name)
+        out[name] = len(set(produced_by)) if produced_by is not None and len(produced_by) == len(values) else len(values)
     return out
 
 
@@ -414,8 +435,9 @@ def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, l
     events = {"itl": itl_gap_ends(traces)}
     if len(per_trace) == 1:
         only = per_trace[0]
-        return replace(only, label=label, partial=partial,
-                       noise=latency_noise(_latencies(only.sequences, gaps_of[0]), events))
+        latencies = _latencies(only.sequences, gaps_of[0])
+        return replace(only, label=label, partial=partial, noise=latency_noise(latencies, events),
+                       samples=independent_samples(latencies, events))
     seqs = tuple(s for r in per_trace for s in r.sequences)
     gaps = [g for trace_gaps in gaps_of for g in trace_gaps]
     thr = [r.throughput for r in per_trace]
@@ -432,6 +454,7 @@ def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, l
         itl=LatencyStats.of(gaps),
         e2e=LatencyStats.of(latencies["e2e"]),
         noise=latency_noise(latencies, events),
+        samples=independent_samples(latencies, events),
         throughput=Throughput(
             float(np.median([t.output_tokens_per_s for t in thr])),
             float(np.median([t.total_tokens_per_s for t in thr])),

@@ -397,6 +397,7 @@ def _judge(item: pytest.Item) -> tuple[str, bool] | None:
         violations += assertions.check_sweeps(curve_limits, sweeps)
     except MarkerError as e:
         return f"llmperf: {item.nodeid}: {e}", False
+    notes += assertions.sample_notes(point_limits, results)
     if not violations:
         if notes:
             _note(item, "llmperf limits", "\n".join(notes))

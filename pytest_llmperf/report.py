@@ -103,8 +103,10 @@ def baseline_counts(records: Sequence[TestRecord]) -> str:
     rows = [row for r in judged for row in r.baseline_rows]
     worse = sum(row["verdict"] in baseline.FAILING for row in rows)
     better = sum(row["verdict"] in ("improvement", "changed") for row in rows)
+    few = sum(row["verdict"] == "not-gated" for row in rows)
     return (f"baselines: {len(judged)} tests: " + ", ".join(parts)
-            + f"; {worse} metric{'s' if worse != 1 else ''} regressed or changed, {better} improved")
+            + f"; {worse} metric{'s' if worse != 1 else ''} regressed or changed, {better} improved"
+            + (f"; {few} percentile{'s' if few != 1 else ''} not gated (too few samples for them)" if few else ""))
 
 
 def write(directory: Path, records: Sequence[TestRecord], session: Mapping[str, Any]) -> list[Path]:

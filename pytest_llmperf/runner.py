@@ -46,6 +46,7 @@ class LLMPerf:
     # an engine ready to measure again: the same one, or its configuration restarted when the pool has
     # since closed it (a test that measured transformers, then vLLM)
     revive: Callable[[Engine], Engine] | None = None
+    restart: Callable[[Engine], Engine] | None = None  # the same configuration in a fresh engine start
     gpu_index: int | None = None  # sample this device with NVML during every measured pass
     gpu_interval_s: float = 0.01
     roofline_of: Callable[[Engine], Roofline | None] | None = None  # the engine's floor on this GPU
@@ -188,6 +189,24 @@ class LLMPerf:
             raise
         return with_timing_noise(again, self.steady_engines.get(engine, 0.0))
 
+    def restart_engine(self, index: int) -> Engine:
+        """The engine of the `index`-th result started afresh and warmed up as its first run was; every
+        result of the old engine now points at the new one. Unchanged where no `restart` is given."""
+        old = self.engines[index]
+        if self.restart is None:
+            return old
+        live = self.restart(old)
+        if live is not old:
+            self.engines[:] = [live if e is old else e for e in self.engines]
+            self._warm(live, index)
+        return live
+
+    def _warm(self, engine: Engine, index: int) -> None:
+        mode = self._warmup(True)
+        if mode is not None:
+            with self.times.timed("warm-up"):
+                self._warm_up(engine, self.workloads[index], mode)
+
     def _revived(self, index: int) -> Engine:
         """The engine of the `index`-th result, started again (and warmed up as the first run was) when
         the pool has closed it since."""
@@ -197,10 +216,7 @@ class LLMPerf:
         live = self.revive(engine)
         if live is not engine:
             self.engines[index] = live
-            mode = self._warmup(True)
-            if mode is not None:
-                with self.times.timed("warm-up"):
-                    self._warm_up(live, self.workloads[index], mode)
+            self._warm(live, index)
         return live
 
     def _again(self, engine: Engine, workload: Workload, repeats: int, label: str, salt: int,

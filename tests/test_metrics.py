@@ -169,3 +169,26 @@ def test_gaps_of_their_own_are_resampled_one_by_one():
     # a median of many steps stays tight whatever the grouping
     trace = _stepped_trace(stalled={50, 150, 250}, jitter=0.001)
     assert summarize([trace], "h", 32).noise["p50_itl_ms"] < 0.2
+
+
+def test_a_percentile_limit_on_too_few_samples_fails_only_beyond_chance_and_says_so():
+    """A p99 of 16 requests is their largest: one slow request must not fail max_p99_ms, several must,
+    and a pass on so few samples is reported as proving little, never silently."""
+    from pytest_llmperf import assertions
+
+    def result(ttfts_ms):
+        return summarize([RunTrace("fake", tuple(seq(i, 0.0, [t / 1000, 1.0]) for i, t in enumerate(ttfts_ms)),
+                                   0.0, 1.0)], "h", len(ttfts_ms))
+
+    limit = assertions.parse("max_p99_ms", (), {"ttft": 250}, None)
+    one_slow, many_slow, fast = result([100] * 15 + [400]), result([100] * 12 + [400] * 4), result([100] * 16)
+    assert one_slow.samples["ttft"] == 16 and one_slow.ttft.p99 > 250
+    assert assertions.check(limit, [one_slow]) == []
+    assert [v.limit.metric for v in assertions.check(limit, [many_slow])] == ["p99_ttft_ms"]
+    notes = assertions.sample_notes(limit, [one_slow, fast])
+    assert "> limit 250 ms" in notes[0] and "not gated: 16 samples, a p99 needs about 368" in notes[0]
+    assert "holds in this sample, but proves little: not gated: 16 samples" in notes[1]
+    # enough samples: the point estimate is judged as it always was
+    plenty = result([100] * 395 + [400] * 5)
+    assert plenty.samples["ttft"] == 400 and assertions.check(limit, [plenty])
+    assert assertions.sample_notes(limit, [plenty]) == []
