@@ -68,7 +68,8 @@ class Session:
     def describe(self) -> dict[str, Any]:
         gpu = asdict(self.gpu) if self.gpu else None
         return {"engine": self.engine_name, "model": self.model_spec, "hardware": self.hardware, "gpu": gpu,
-                "baseline_mode": self.gate.mode, "warmup": self.warmup, "engine_config": self.engine_defaults,
+                "baseline_mode": self.gate.mode, "tolerance": [self.gate.tolerance, dict(self.gate.tolerances)],
+                "warmup": self.warmup, "engine_config": self.engine_defaults,
                 "time_to_verdict_s": {**self.pool.times.summary(), "engine_starts": self.pool.starts}}
 
     def model(self) -> ModelSpec:
