@@ -36,6 +36,7 @@ COMPARED: dict[str, bool] = {
     "capacity": True,  # of a sweep: the largest load whose latency limits hold
 }
 PAGING = frozenset(k for k in COMPARED if k.startswith("kv_"))
+TIMING = frozenset(k for k in COMPARED if k.endswith("_ms") or k.endswith("_per_s"))
 # What fails a test without being asked (README, "Which metrics gate"): throughput, the medians, memory,
 # capacity and the paging of deterministic workloads. The other percentiles are reported, and gated
 # where a test or the command line gives them a tolerance: unchanged H200 reruns moved p99 TTFT of 16
@@ -97,18 +98,28 @@ class Entry:
     # independent samples behind each latency metric's percentiles ({"ttft": 48, "itl": 310}); a
     # percentile with too few is not gated ({} in files written before it was recorded)
     samples: Mapping[str, int] = field(default_factory=dict)
+    # the gated timing metrics of every pass this entry is the best of, when it is the best of several
+    # (a baseline's passes span two engine starts: how far starts land apart, per metric)
+    pass_metrics: Sequence[Mapping[str, float]] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "workload_hash": self.workload_hash, "deterministic": self.deterministic,
                 "metrics": _rounded(self.metrics), "per_repeat": [_rounded(p) for p in self.per_repeat],
                 "noise": _rounded(self.noise), "passes": self.passes, "engine": self.engine,
-                "samples": dict(self.samples)}
+                "samples": dict(self.samples), "pass_metrics": [_rounded(p) for p in self.pass_metrics]}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Entry:
         return cls(d["label"], d["workload_hash"], bool(d["deterministic"]), dict(d["metrics"]),
                    [dict(p) for p in d.get("per_repeat", [])], dict(d.get("noise", {})), int(d.get("passes", 1)),
-                   str(d.get("engine", "")), {k: int(v) for k, v in d.get("samples", {}).items()})
+                   str(d.get("engine", "")), {k: int(v) for k, v in d.get("samples", {}).items()},
+                   [dict(p) for p in d.get("pass_metrics", [])])
+
+    def each_pass(self) -> list[Mapping[str, float]]:
+        """The timing metrics of each pass: recorded ones, or this entry's own when it is one pass."""
+        if self.pass_metrics:
+            return list(self.pass_metrics)
+        return [{k: v for k, v in self.metrics.items() if k in TIMING and v is not None}] if self.passes == 1 else []
 
 
 def best_of(entries: Sequence[Entry]) -> Entry:
@@ -124,7 +135,7 @@ def best_of(entries: Sequence[Entry]) -> Entry:
     samples = {k: min(e.samples.get(k, 0) for e in entries) for k in first.samples}
     return Entry(first.label, first.workload_hash, all(e.deterministic for e in entries),
                  _best([e.metrics for e in entries]), per_repeat, noise, sum(e.passes for e in entries), first.engine,
-                 samples)
+                 samples, [p for e in entries for p in e.each_pass()])
 
 
 def _best(measured: Sequence[Mapping[str, float | None]]) -> dict[str, float | None]:
@@ -308,9 +319,11 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
     exact = gated_paging and deterministic
     tol = 0.0 if exact else tolerances.get(metric, default)
     if not exact:
-        # never tighter than the noise: the spread of this run's repeats, or the uncertainty of a
-        # percentile of few samples (the order-statistic intervals of both runs, added)
-        tol = max(tol, _spread(cur.per_repeat, metric), cur.noise.get(metric, 0.0) + old.noise.get(metric, 0.0))
+        # never tighter than the noise: the spread of this run's repeats, the uncertainty of a
+        # percentile of few samples (the order-statistic intervals of both runs, added), or how far the
+        # baseline's own passes, across two engine starts, landed apart on this metric
+        tol = max(tol, _spread(cur.per_repeat, metric), cur.noise.get(metric, 0.0) + old.noise.get(metric, 0.0),
+                  _spread(old.each_pass(), metric))
     worse = (c < b) if higher_better else (c > b)
     change = abs(c - b) / abs(b) if b else (math.inf if c != b else 0.0)
     too_few = _too_few_samples(old, cur, metric)

@@ -3,7 +3,8 @@
 # runs it: `scripts/gpu-gate.sh MODE LABEL [pytest options]`, MODE update or require. Writes the log,
 # results.json and summary.md under $OUT/LABEL*. A vLLM compile cache carried in .vllm-cache/cache.tgz
 # is unpacked first, and the cache is packed back to $OUT/cache.tgz when KEEP_CACHE=1. An update packs the
-# baselines it wrote to $OUT/baselines-h200.tgz. pytest stops after BUDGET_S seconds (default 560).
+# baselines it wrote to $OUT/baselines-h200.tgz. pytest stops after BUDGET_S seconds (default 520: unpacking the bundle and packing the
+# cache take up to a minute more, and a call stopped at its 600 s limit returns nothing it packed).
 set -o pipefail
 mode=$1 label=$2
 shift 2
@@ -14,7 +15,7 @@ if [ -f .vllm-cache/cache.tgz ] && [ ! -f "$VLLM_CACHE_ROOT/.unpacked" ]; then
   tar -xzf .vllm-cache/cache.tgz -C "$VLLM_CACHE_ROOT" && touch "$VLLM_CACHE_ROOT/.unpacked"
 fi
 start=$(date +%s)
-timeout "${BUDGET_S:-560}" python3 -m pytest -p pytest_llmperf.plugin -p no:cacheprovider perf_tests/test_latency.py perf_tests/test_paging.py \
+timeout "${BUDGET_S:-520}" python3 -m pytest -p pytest_llmperf.plugin -p no:cacheprovider perf_tests/test_latency.py perf_tests/test_paging.py \
   -m h200 --llmperf-model=shape:llama-3.1-8b --llmperf-baseline="$mode" \
   --llmperf-tolerance=0.10,output_tokens_per_s=0.05 --llmperf-report="$OUT/$label" -q -rA "$@" > "$OUT/$label.log" 2>&1
 rc=$?

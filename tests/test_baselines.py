@@ -286,6 +286,20 @@ def test_a_baseline_is_the_best_of_three_passes(tmp_path):
     assert entry["passes"] == 3 and entry["metrics"]["output_tokens_per_s"] == 80.0  # 80 tokens in the 1.0 s pass
     assert len({p[1] for p in engine.passes}) == 3  # each pass its own salt: none finds another's prefix cache
     assert perf.times.seconds["re-measurement"] > 0
+    # every pass's timing metrics are kept: how far the passes (the last in a fresh engine start) landed apart
+    assert sorted(p["output_tokens_per_s"] for p in entry["pass_metrics"]) == pytest.approx([80 / 1.3, 80 / 1.1, 80.0])
+
+
+def test_the_baselines_own_spread_across_engine_starts_widens_the_allowance():
+    passes = [{"output_tokens_per_s": v} for v in (100.0, 90.0, 80.0)]  # 20% apart over the median
+    old = Entry("0", "w1", True, {"output_tokens_per_s": 100.0}, [{}], passes=3, pass_metrics=passes)
+    assert Entry.from_dict(old.to_dict()).pass_metrics == passes
+    near = baseline.compare(stored(old), [Entry("0", "w1", True, {"output_tokens_per_s": 85.0}, [{}])])
+    assert near.status == "pass" and near.rows[0].allowed == pytest.approx(20 / 90)
+    far = baseline.compare(stored(old), [Entry("0", "w1", True, {"output_tokens_per_s": 75.0}, [{}])])
+    assert far.status == "regression"
+    merged = baseline.best_of([old, Entry("0", "w1", True, {"output_tokens_per_s": 70.0}, [{}])])
+    assert [p["output_tokens_per_s"] for p in merged.pass_metrics] == [100.0, 90.0, 80.0, 70.0]
 
 
 def test_a_regression_in_one_pass_only_is_measured_again_and_passes_as_noise(tmp_path):
