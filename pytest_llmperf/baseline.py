@@ -92,7 +92,7 @@ class Entry:
     deterministic: bool  # offline workload with a fixed KV budget: paging compares exactly
     metrics: Mapping[str, float | None]
     per_repeat: Sequence[Mapping[str, float | None]]
-    noise: Mapping[str, float] = field(default_factory=dict)  # bootstrap half-widths of latency percentiles
+    noise: Mapping[str, float] = field(default_factory=dict)  # 95% interval half-widths of latency percentiles
     passes: int = 1  # measurements this entry is the best of (`best_of`)
     engine: str = ""  # vllm, hf, openai: part of the key ("" in files written before it was recorded)
     # independent samples behind each latency metric's percentiles ({"ttft": 48, "itl": 310}); a
