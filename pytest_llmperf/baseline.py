@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import quantiles
+from . import paging_timeline, quantiles
 
 SCHEMA = 1
 DEFAULT_TOLERANCE = 0.10
@@ -43,6 +43,9 @@ TIMING = frozenset(k for k in COMPARED if k.endswith("_ms") or k.endswith("_per_
 # requests by 16% and p99 ITL by 29% between engine starts (docs/performance.md, false alarms).
 GATED_BY_DEFAULT = frozenset({"p50_ttft_ms", "p50_tpot_ms", "output_tokens_per_s", "requests_per_s",
                               "gpu_memory_peak_gib", "capacity"}) | PAGING
+
+TIMELINE = "kv_timeline"  # the row of a deterministic result whose step timeline moved (its steps, old and new)
+PAGING_MODES = ("strict", "summary")  # --llmperf-paging: does a moved timeline fail, or only the summaries
 
 # how one label of a test stands against the stored baseline
 COMPARED_LABEL, NO_BASELINE, STALE, OTHER_ENGINE = "compared", "no-baseline", "stale", "other-engine"
@@ -101,19 +104,22 @@ class Entry:
     # the gated timing metrics of every pass this entry is the best of, when it is the best of several
     # (a baseline's passes span two engine starts: how far starts land apart, per metric)
     pass_metrics: Sequence[Mapping[str, float]] = ()
+    # a deterministic result's paging timeline (`paging_timeline.Timeline.to_dict`: hash, steps, events)
+    timeline: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "workload_hash": self.workload_hash, "deterministic": self.deterministic,
                 "metrics": _rounded(self.metrics), "per_repeat": [_rounded(p) for p in self.per_repeat],
                 "noise": _rounded(self.noise), "passes": self.passes, "engine": self.engine,
-                "samples": dict(self.samples), "pass_metrics": [_rounded(p) for p in self.pass_metrics]}
+                "samples": dict(self.samples), "pass_metrics": [_rounded(p) for p in self.pass_metrics],
+                **({"timeline": dict(self.timeline)} if self.timeline else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Entry:
         return cls(d["label"], d["workload_hash"], bool(d["deterministic"]), dict(d["metrics"]),
                    [dict(p) for p in d.get("per_repeat", [])], dict(d.get("noise", {})), int(d.get("passes", 1)),
                    str(d.get("engine", "")), {k: int(v) for k, v in d.get("samples", {}).items()},
-                   [dict(p) for p in d.get("pass_metrics", [])])
+                   [dict(p) for p in d.get("pass_metrics", [])], dict(d.get("timeline", {})))
 
     def each_pass(self) -> list[Mapping[str, float]]:
         """The timing metrics of each pass: recorded ones, or this entry's own when it is one pass."""
@@ -135,7 +141,7 @@ def best_of(entries: Sequence[Entry]) -> Entry:
     samples = {k: min(e.samples.get(k, 0) for e in entries) for k in first.samples}
     return Entry(first.label, first.workload_hash, all(e.deterministic for e in entries),
                  _best([e.metrics for e in entries]), per_repeat, noise, sum(e.passes for e in entries), first.engine,
-                 samples, [p for e in entries for p in e.each_pass()])
+                 samples, [p for e in entries for p in e.each_pass()], first.timeline)
 
 
 def _best(measured: Sequence[Mapping[str, float | None]]) -> dict[str, float | None]:
@@ -179,6 +185,8 @@ class Verdict:
     message: str = ""
     environment: Mapping[str, Any] | None = None
     labels: Mapping[str, str] = field(default_factory=dict)  # label -> COMPARED_LABEL or one of UNCOMPARED
+    # label -> (baseline's, current) step timeline of each deterministic result whose timeline moved
+    timelines: Mapping[str, tuple[Mapping[str, Any], Mapping[str, Any]]] = field(default_factory=dict)
 
     @property
     def regressions(self) -> tuple[Row, ...]:
@@ -187,7 +195,12 @@ class Verdict:
 
     @property
     def improvements(self) -> tuple[Row, ...]:
-        return tuple(r for r in self.rows if r.verdict in ("improvement", "changed"))
+        return tuple(r for r in self.rows if r.verdict in ("improvement", "changed") and r.metric != TIMELINE)
+
+    @property
+    def timeline_changes(self) -> tuple[Row, ...]:
+        """Deterministic results whose step timeline moved, failing or reported (`--llmperf-paging`)."""
+        return tuple(r for r in self.rows if r.metric == TIMELINE)
 
     @property
     def uncompared(self) -> dict[str, str]:
@@ -262,7 +275,7 @@ def _round(value: Any) -> Any:
 
 # -- comparison ------------------------------------------------------------------------------------
 def compare(stored: Mapping[str, Any], current: Sequence[Entry], tolerances: Mapping[str, float] | None = None,
-            default_tolerance: float = DEFAULT_TOLERANCE) -> Verdict:
+            default_tolerance: float = DEFAULT_TOLERANCE, paging: str = "strict") -> Verdict:
     """Every label on its own: compared when the baseline holds it for the same engine and workload,
     else named as missing, stale or of another engine, while the other labels are still judged."""
     tolerances = tolerances or {}
@@ -275,7 +288,7 @@ def compare(stored: Mapping[str, Any], current: Sequence[Entry], tolerances: Map
         standing, note = _standing(old, cur)
         labels[cur.label] = standing
         if standing == COMPARED_LABEL:
-            rows.extend(_compare_entry(old, cur, tolerances, default_tolerance))  # type: ignore[arg-type]
+            rows.extend(_compare_entry(old, cur, tolerances, default_tolerance, paging))  # type: ignore[arg-type]
         else:
             notes.append(note)
     if any(r.verdict in FAILING for r in rows):
@@ -284,7 +297,10 @@ def compare(stored: Mapping[str, Any], current: Sequence[Entry], tolerances: Map
         status = "pass"
     else:
         status = next((s for s in UNCOMPARED if s in labels.values()), NO_BASELINE)
-    return Verdict(status, tuple(rows), message="\n".join(notes), environment=stored.get("environment"), labels=labels)
+    moved = {r.label for r in rows if r.metric == TIMELINE}
+    timelines = {e.label: (by_label[e.label].timeline, e.timeline) for e in current if e.label in moved}
+    return Verdict(status, tuple(rows), message="\n".join(notes), environment=stored.get("environment"), labels=labels,
+                   timelines=timelines)
 
 
 def _standing(old: Entry | None, cur: Entry) -> tuple[str, str]:
@@ -300,7 +316,8 @@ def _standing(old: Entry | None, cur: Entry) -> tuple[str, str]:
     return COMPARED_LABEL, ""
 
 
-def _compare_entry(old: Entry, cur: Entry, tolerances: Mapping[str, float], default: float) -> list[Row]:
+def _compare_entry(old: Entry, cur: Entry, tolerances: Mapping[str, float], default: float,
+                   paging: str = "strict") -> list[Row]:
     rows = []
     deterministic = old.deterministic and cur.deterministic
     for metric, higher_better in COMPARED.items():
@@ -309,7 +326,23 @@ def _compare_entry(old: Entry, cur: Entry, tolerances: Mapping[str, float], defa
             continue
         b, c = _round(b), _round(c)  # both as stored, so an unchanged run compares equal
         rows.append(_row(old, cur, metric, b, c, higher_better, deterministic, tolerances, default))
+    if deterministic:
+        rows.extend(_timeline_rows(old, cur, paging))
     return rows
+
+
+def _timeline_rows(old: Entry, cur: Entry, paging: str) -> list[Row]:
+    """A deterministic result's step timeline against the baseline's: silent when the hashes match,
+    else one row naming the first step that differs. It fails the test under `paging="strict"`; under
+    "summary" it is reported and only the summary paging metrics gate."""
+    if not old.timeline or not cur.timeline or paging_timeline.digest(old.timeline) == paging_timeline.digest(cur.timeline):
+        return []
+    a, b = paging_timeline.Timeline.from_dict(old.timeline), paging_timeline.Timeline.from_dict(cur.timeline)
+    reason = paging_timeline.first_divergence(a, b)
+    if reason is None:  # same steps, a hash of another encoding: nothing moved
+        return []
+    verdict = "changed" if paging == "strict" else "reported"
+    return [Row(cur.label, TIMELINE, float(len(a.steps)), float(len(b.steps)), 0.0, verdict, reason, exact=True)]
 
 
 def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better: bool, deterministic: bool,

@@ -35,6 +35,7 @@ class GateConfig:
     retries: int = 2
     tolerances: Mapping[str, float] = field(default_factory=dict)  # per metric, under a test's marker
     update_args: str = ""  # options a command recording this session's baselines needs (model, hardware)
+    paging: str = "strict"  # --llmperf-paging: a moved step timeline fails (strict) or is reported (summary)
 
     def record_command(self, test_id: str) -> str:
         return " ".join(["pytest", f"'{test_id}'", *([self.update_args] if self.update_args else []),
@@ -58,11 +59,13 @@ def entries(perf: LLMPerf) -> list[Entry]:
 
 def result_entry(result: Any, workload: Any, engine: Any, index: int) -> Entry:
     # paging repeats exactly only when the whole batch is handed over at once and the KV pool does not
-    # depend on the machine's free memory
+    # depend on the machine's free memory: then its step timeline is kept too
+    deterministic = workload.is_offline and engine.fixed_kv_budget
+    steps = result.kv.steps
     return Entry(label=_label(result, index), workload_hash=result.workload_hash,
-                 deterministic=workload.is_offline and engine.fixed_kv_budget, metrics=result.flat(),
+                 deterministic=deterministic, metrics=result.flat(),
                  per_repeat=list(result.per_repeat), noise=dict(result.noise), engine=engine.name,
-                 samples=dict(result.samples))
+                 samples=dict(result.samples), timeline=steps.to_dict() if deterministic and steps and steps.steps else {})
 
 
 def _label(result: Any, index: int) -> str:
@@ -118,7 +121,7 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
     if stored is None:
         return Verdict(baseline.NO_BASELINE, message=_missing(cfg, path),
                        labels={e.label: baseline.NO_BASELINE for e in current})
-    return judge(stored, perf, current, {**cfg.tolerances, **tol}, cfg.tolerance, cfg.retries)
+    return judge(stored, perf, current, {**cfg.tolerances, **tol}, cfg.tolerance, cfg.retries, cfg.paging)
 
 
 def _recorded(perf: LLMPerf, current: Sequence[Entry], retries: int) -> list[Entry]:
@@ -152,13 +155,13 @@ def _first_line(text: str) -> str:
 
 
 def judge(stored: Mapping[str, Any], perf: LLMPerf, current: Sequence[Entry], tol: Mapping[str, float],
-          default_tolerance: float, retries: int) -> Verdict:
+          default_tolerance: float, retries: int, paging: str = "strict") -> Verdict:
     """The comparison, with a second look at a regression that could be noise: a result that regresses
     on timing metrics only is measured again, up to `retries` times, each time in a fresh start of its
     engine, and judged by its best pass. A baseline was recorded in another engine start (another CI
     job), and starts differ where the passes of one start agree; a busy host or an unlucky start slows
     some passes, a regression slows all of them (docs/performance.md, false alarms)."""
-    verdict = baseline.compare(stored, current, tol, default_tolerance)
+    verdict = baseline.compare(stored, current, tol, default_tolerance, paging)
     suspects = verdict.worth_measuring_again() & set(_result_indices(perf))
     first = set(suspects)
     for n in range(1, retries + 1):
@@ -169,7 +172,7 @@ def judge(stored: Mapping[str, Any], perf: LLMPerf, current: Sequence[Entry], to
         except Exception as e:  # noqa: BLE001 - judged on what was measured; the engine's error is shown
             return replace(verdict, message=_joined(verdict.message, f"could not measure {', '.join(sorted(suspects))} "
                                                     f"again ({type(e).__name__}: {e}); judged on the passes measured"))
-        verdict = baseline.compare(stored, current, tol, default_tolerance)
+        verdict = baseline.compare(stored, current, tol, default_tolerance, paging)
         suspects &= verdict.worth_measuring_again()
     cleared = first - {r.label for r in verdict.regressions}
     if cleared:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import quantiles
+from .paging_timeline import Timeline
 from .trace import KVSample, RunTrace, SequenceTrace
 
 PERCENTILES = (50, 90, 95, 99)
@@ -69,6 +70,8 @@ class KVStats:
     prefix_hit_rate: float | None = None
     # (seconds since run start, usage, fragmentation, blocks used, preemptions so far), for plots
     timeline: tuple[tuple[float, float, float, int, int], ...] = field(default=(), repr=False)
+    # what the scheduler did at each step (running, waiting, blocks, admitted, preempted): for baselines
+    steps: Timeline | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,7 @@ class PerfResult:
         d = asdict(self)
         d.pop("sequences")
         d["kv"].pop("timeline")
+        d["kv"].pop("steps")
         d["gpu"].pop("timeline")
         d["flat"] = self.flat()
         return d
@@ -262,6 +266,7 @@ def kv_stats(trace: RunTrace) -> KVStats:
         preemptions=last.preemptions if "preemptions" in measures else None,
         prefix_hit_rate=hit_rate,
         timeline=tuple(_timeline_row(k, trace.start_t) for k in samples),
+        steps=Timeline.of(samples),
     )
 
 
@@ -529,6 +534,7 @@ def _worst_kv(kvs: Sequence[KVStats]) -> KVStats:
         preemptions=_max_or_none([k.preemptions for k in kvs]),
         prefix_hit_rate=_min_or_none([k.prefix_hit_rate for k in kvs]),
         timeline=first.timeline,
+        steps=first.steps,
     )
 
 

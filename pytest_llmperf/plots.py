@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .metrics import PerfResult
+from .paging_timeline import Timeline
 from .sweep import Sweep
 
 
@@ -91,6 +92,31 @@ def kv_timeline(result: PerfResult, path: Path) -> Path:
            xlabel="time since run start (s)", ylabel="fraction", ylim=(0, 1.02))
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="upper right")
+    return _save(fig, path)
+
+
+def timelines_overlaid(label: str, old: Timeline, new: Timeline, path: Path, diverged_at: int | None = None) -> Path:
+    """A deterministic result's paging timeline against its baseline's, step by step: blocks in use
+    (above) and running requests (below), preemptions marked, the first divergence a dashed line."""
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True)
+    for t, name, style in ((old, "baseline", {"color": "tab:gray", "linewidth": 2.5, "alpha": 0.6}),
+                           (new, "current", {"color": "tab:blue", "linewidth": 1.0})):
+        x = range(len(t.steps))
+        top.plot(x, [s.blocks for s in t.steps], label=name, **style)
+        bottom.plot(x, [s.running for s in t.steps], label=name, **style)
+        for i, s in enumerate(t.steps):
+            if s.preempted:
+                bottom.axvline(i, color=style["color"], alpha=0.35, linewidth=0.8)
+    if diverged_at is not None:
+        for ax in (top, bottom):
+            ax.axvline(diverged_at, color="tab:red", linestyle="--", linewidth=1.0)
+    top.set(title=f"Paging timeline of {label!r} against its baseline (red dashes: first divergence; "
+                  "thin lines: preemptions)", ylabel="KV blocks in use")
+    bottom.set(xlabel="engine step", ylabel="running requests")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+    top.legend(fontsize="small", loc="upper right")
     return _save(fig, path)
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from . import assertions, gating, properties, pytest_benchmark_bridge, soak
 from .assertions import Limit, MarkerError
-from .baseline import parse_tolerance, slug
+from .baseline import PAGING_MODES, TIMELINE, parse_tolerance, slug
 from .engines.base import EnginePool, default_engine
 from .fixtures import (  # noqa: F401 - pytest finds a plugin's fixtures in its module
     gpu_fixture,
@@ -38,6 +38,7 @@ from .fixtures import (  # noqa: F401 - pytest finds a plugin's fixtures in its 
 )
 from .gpu import KNOWN_CLASSES, GpuError, GpuInfo, assign_device, detect, device_count, memory_used, wait_for_release
 from .models import DEFAULT_MODEL
+from .paging_timeline import Timeline, divergence_step
 from .report import HEADLINE, TestRecord, baseline_counts, cell, result_name, result_record
 from .report import write as write_report
 from .runner import WARMUP_MODES, LLMPerf
@@ -93,6 +94,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "(as compare, and a missing, stale or other engine's baseline fails the test: the "
                          "pull-request gate), update them from this run, or off")
     group.addoption("--llmperf-baseline-dir", default=None, help="baseline folder (default: <rootdir>/baselines)")
+    group.addoption("--llmperf-paging", default=None, choices=PAGING_MODES,
+                    help="a deterministic result whose paging timeline differs from its baseline step by step: "
+                         "fails (strict, default) or is reported while only the paging summaries gate (summary)")
+    parser.addini("llmperf_paging", "paging timeline against the baseline: strict or summary", default="strict")
     group.addoption("--llmperf-tolerance", default=None,
                     help="relative tolerance of timing metrics against a baseline, and per metric if given: "
                          "0.10 (default), or 0.10,output_tokens_per_s=0.05 (a test's llmperf_tolerance marker wins)")
@@ -148,6 +153,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if mode not in gating.MODES:
         raise pytest.UsageError(f"llmperf_baseline={mode!r}: choose one of {', '.join(gating.MODES)}")
     root = Path(_option(config, "baseline-dir") or "baselines")
+    paging = _option(config, "paging") or "strict"
+    if paging not in PAGING_MODES:
+        raise pytest.UsageError(f"llmperf_paging={paging!r}: choose one of {', '.join(PAGING_MODES)}")
     try:
         tolerance, tolerances = parse_tolerance(_option(config, "tolerance"))
     except ValueError as e:
@@ -165,7 +173,8 @@ def pytest_configure(config: pytest.Config) -> None:
         hardware=hardware,
         gpu=gpu,
         gate=gating.GateConfig(mode, root if root.is_absolute() else config.rootpath / root,
-                               tolerance, hardware, model_spec, retries, tolerances, _update_args(config, model_spec)),
+                               tolerance, hardware, model_spec, retries, tolerances, _update_args(config, model_spec),
+                               paging),
         report_dir=Path(_option(config, "report")) if _option(config, "report") else None,
         pool=EnginePool(after_close=_release_waiter(gpu)),
         retries=retries,
@@ -473,7 +482,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         state = item.config.stash[SESSION]
         record = _test_record(item.nodeid, perf, report, verdict, state)
         if state.report_dir is not None:
-            record.plots = _plots(item, perf, state.report_dir)
+            record.plots = _plots(item, perf, state.report_dir, verdict)
         # travels with the report, so that under pytest-xdist the controller sees every worker's results
         report.llmperf_record = asdict(record)
         pytest_benchmark_bridge.add(item, perf)
@@ -512,11 +521,15 @@ def _record(item: pytest.Item, perf: LLMPerf) -> None:
                 item.user_properties.append((prefix + key, round(value, 4)))
 
 
-def _plots(item: pytest.Item, perf: LLMPerf, report_dir: Path) -> list[str]:
+def _plots(item: pytest.Item, perf: LLMPerf, report_dir: Path, verdict: gating.Verdict | None) -> list[str]:
     from . import plots  # matplotlib only when pictures are asked for
 
     try:
         written = plots.for_test(slug(item.nodeid), perf.results, perf.sweeps, report_dir / "plots")
+        for label, (old, new) in (verdict.timelines if verdict is not None else {}).items():
+            a, b = Timeline.from_dict(old), Timeline.from_dict(new)
+            written.append(plots.timelines_overlaid(label, a, b, report_dir / "plots" / f"{slug(item.nodeid)}-{label}"
+                                                    "-paging-timeline.png", divergence_step(a, b)))
     except Exception as e:  # noqa: BLE001 - a picture that cannot be drawn must not fail a measured test
         _note(item, "llmperf plots", f"plots not drawn: {type(e).__name__}: {e}")
         return []
@@ -577,6 +590,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         tr.write_line(gated)
     for rec in state.records:
         for row in rec.baseline_rows:
+            if row["metric"] == TIMELINE:
+                tr.write_line(f"  paging timeline {row['verdict']}: {rec.test} {row['label']!r}: {row['reason']}")
+                continue
             kind = _ROW_WORDS.get(row["verdict"])
             if kind is not None:
                 tr.write_line(f"  {kind}: {rec.test} {row['label']!r} {row['metric']} {cell(row['baseline'])} -> "

@@ -73,9 +73,16 @@ def markdown(records: Sequence[TestRecord], session: Mapping[str, Any]) -> str:
     gated = baseline_counts(records)
     if gated:
         lines += ["", "### Baselines", "", gated]
+    moved = [(rec.test, row) for rec in records for row in rec.baseline_rows if row["metric"] == baseline.TIMELINE]
+    if moved:
+        lines += ["", "### Paging timelines that changed", "", "| test | result | fails | first divergence |",
+                  "|---|---|---|---|"]
+        lines += [f"| `{t}` | {r['label']} | {'yes' if r['verdict'] in baseline.FAILING else 'no (summary mode)'} | "
+                  f"{r['reason']} |" for t, r in moved]
     for title, verdicts in (("Regressions against the stored baselines", baseline.FAILING),
                             ("Improvements against the stored baselines", {"improvement"})):
-        picked = [(rec.test, row) for rec in records for row in rec.baseline_rows if row["verdict"] in verdicts]
+        picked = [(rec.test, row) for rec in records for row in rec.baseline_rows
+                  if row["verdict"] in verdicts and row["metric"] != baseline.TIMELINE]
         if picked:
             lines += ["", f"### {title}", "", "| test | result | metric | baseline | current | change | allowed | reason |",
                       "|---|---|---|---|---|---|---|---|"]
@@ -101,11 +108,14 @@ def baseline_counts(records: Sequence[TestRecord]) -> str:
     if partial:
         parts.append(f"{partial} compared in part (a result without a usable baseline)")
     rows = [row for r in judged for row in r.baseline_rows]
+    timelines = [row for row in rows if row["metric"] == baseline.TIMELINE]
+    rows = [row for row in rows if row["metric"] != baseline.TIMELINE]
     worse = sum(row["verdict"] in baseline.FAILING for row in rows)
     better = sum(row["verdict"] in ("improvement", "changed") for row in rows)
     few = sum(row["verdict"] == "not-gated" for row in rows)
     return (f"baselines: {len(judged)} tests: " + ", ".join(parts)
             + f"; {worse} metric{'s' if worse != 1 else ''} regressed or changed, {better} improved"
+            + (f"; {len(timelines)} paging timeline{'s' if len(timelines) != 1 else ''} changed" if timelines else "")
             + (f"; {few} percentile{'s' if few != 1 else ''} not gated (too few samples for them)" if few else ""))
 
 

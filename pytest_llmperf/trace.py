@@ -61,6 +61,7 @@ class KVSample:
     `tokens_stored` are the tokens those blocks hold, shared ones counted once; `block_size` is in
     tokens. For a contiguous cache (hf) a "block" is one token slot and block_size is 1.
     `preemptions`, `prefix_queries` and `prefix_hits` are cumulative since the run started.
+    `admitted` and `preempted` name requests by workload index where the engine can tell (vLLM).
     """
 
     t: float
@@ -73,6 +74,9 @@ class KVSample:
     preemptions: int = 0
     prefix_queries: int = 0
     prefix_hits: int = 0
+    # requests (workload indices) this step admitted to the running batch, and preempted from it
+    admitted: tuple[str, ...] = ()
+    preempted: tuple[str, ...] = ()
 
     @property
     def slots(self) -> int:

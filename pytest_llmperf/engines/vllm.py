@@ -500,7 +500,7 @@ class VLLMEngine(Engine):
         return self._parse_samples(all_lines), recorder_s
 
     def _parse_samples(self, all_lines: list[str]) -> tuple[KVSample, ...]:
-        from .vllm_sampler import ERROR_PREFIX, FIELDS
+        from .vllm_sampler import ERROR_PREFIX, EVENT_SEPARATOR, FIELDS
 
         lines = [ln for ln in all_lines if ln and not ln.startswith("#")]
         broken = [ln[len(ERROR_PREFIX):] for ln in lines if ln.startswith(ERROR_PREFIX)]
@@ -528,7 +528,13 @@ class VLLMEngine(Engine):
                 running=int(row["running"]), waiting=int(row["waiting"]),
                 preemptions=int(row["preemptions"]) - base_p, prefix_queries=int(row["prefix_queries"]) - base_q,
                 prefix_hits=int(row["prefix_hits"]) - base_h,
+                admitted=_event_names(row.get("admitted"), EVENT_SEPARATOR),
+                preempted=_event_names(row.get("preempted"), EVENT_SEPARATOR),
             ))
         last = dict(zip(FIELDS, lines[-1].split(",")))
         self._counters = (int(last["preemptions"]), int(last["prefix_queries"]), int(last["prefix_hits"]))
         return tuple(samples)
+
+
+def _event_names(column: str | None, separator: str) -> tuple[str, ...]:
+    return tuple(column.split(separator)) if column else ()

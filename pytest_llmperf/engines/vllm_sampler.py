@@ -54,7 +54,8 @@ COST_PREFIX = "#cost_ns="
 GATE = re.compile(r"llmperf-g(\d+)-(\d+)-")
 # column order of a trace line; the adapter parses with the same tuple
 FIELDS = ("t", "blocks_used", "blocks_total", "block_size", "tokens_stored", "running", "waiting",
-          "preemptions", "prefix_queries", "prefix_hits", "logical_blocks")
+          "preemptions", "prefix_queries", "prefix_hits", "logical_blocks", "admitted", "preempted")
+EVENT_SEPARATOR = "|"  # between the request indices of one step's admitted or preempted requests
 
 
 class _Recording:
@@ -118,10 +119,11 @@ class _Recording:
         # a run's last finished requests can land after the client saw the run end: skipping idle
         # steps keeps the fingerprint of a run identical from one run to the next.
         if self._out is not None and not self._broken and (before or self.running or self.waiting):
-            self._preemptions += sum(1 for r in before if r.status == RequestStatus.PREEMPTED)
+            preempted = [r for r in before if r.status == RequestStatus.PREEMPTED]
+            self._preemptions += len(preempted)
             row = self._guarded(self._sample)
             if row is not None:
-                self._rows.append(row)
+                self._rows.append((*row, _events(self.running, before), _names(preempted)))
         self._cost_ns += t1 - t0 + time.perf_counter_ns() - t2
         return out
 
@@ -204,6 +206,19 @@ class _Recording:
         self._queries += max(dq, 0)
         self._hits += max(dh, 0)
         self._stats_obj, self._stats_seen = stats, (q, h)
+
+
+def _events(running: Any, before: list[Any]) -> str:
+    """The requests this step admitted (running now, not before it): one set lookup per running request."""
+    seen = {r.request_id for r in before}
+    return _names([r for r in running if r.request_id not in seen])
+
+
+def _names(requests: list[Any]) -> str:
+    """Request indices for the paging timeline: the workload index ending the plugin's request ids
+    (`llmperf-<run>-<index>`), else the id with the trace's separators taken out."""
+    return EVENT_SEPARATOR.join(r.request_id.rpartition("-")[2] if r.request_id.startswith("llmperf-")
+                                else r.request_id.replace(",", "").replace(EVENT_SEPARATOR, "") for r in requests)
 
 
 class PagingRecorder(_Recording, Scheduler):

@@ -1,0 +1,69 @@
+"""The paging timeline: its encoding in a baseline, and the first divergence named step by step."""
+
+from pytest_llmperf import baseline
+from pytest_llmperf.baseline import Entry
+from pytest_llmperf.paging_timeline import Step, Timeline, first_divergence
+from pytest_llmperf.trace import KVSample
+
+
+def sample(running, waiting, blocks, admitted=(), preempted=()):
+    return KVSample(0.0, blocks, 48, 32, blocks * 20, running, waiting, admitted=admitted, preempted=preempted)
+
+
+BASE = [sample(4, 2, 10, admitted=("0", "1", "2", "3")), sample(4, 2, 12), sample(4, 2, 12), sample(4, 2, 12),
+        sample(3, 3, 12, preempted=("3",)), sample(4, 1, 14, admitted=("4", "3")), sample(2, 0, 9)]
+
+
+def test_the_encoding_is_small_and_round_trips():
+    t = Timeline.of(BASE)
+    d = t.to_dict()
+    assert d["steps"] == "4/2/10 4/2/12*3 3/3/12 4/1/14 2/0/9"
+    assert d["events"] == ["s0 r4 w2 b10 +0..3", "s4 r3 w3 b12 -3", "s5 r4 w1 b14 +4,3"]
+    assert Timeline.from_dict(d) == t and len(d["hash"]) == 16
+    assert Timeline.of(BASE).to_dict()["hash"] == d["hash"]  # the same steps, the same hash
+    assert t.preemptions == 1
+
+
+def test_the_first_divergence_names_the_step_and_what_each_side_did():
+    moved = list(BASE)
+    moved[4] = sample(4, 2, 13)  # the current run did not preempt request 3 at step 4
+    moved[5] = sample(4, 1, 14, admitted=("4",))
+    text = first_divergence(Timeline.of(BASE), Timeline.of(moved))
+    assert text.startswith("paging timeline diverged at step 4: baseline 3 running, 3 waiting, 12 blocks in use, "
+                           "preempted 3; current 4 running, 2 waiting, 13 blocks in use;")
+    assert text.endswith("7 -> 7 steps, 1 -> 0 preemptions, first preemption at step 4 -> -")
+    assert first_divergence(Timeline.of(BASE), Timeline.of(BASE)) is None
+    longer = first_divergence(Timeline.of(BASE), Timeline.of([*BASE, sample(1, 0, 4)]))
+    assert "at step 7: baseline had ended; current 1 running" in longer and "7 -> 8 steps" in longer
+
+
+def test_a_moved_timeline_fails_under_strict_and_is_reported_under_summary():
+    old = Entry("0", "w", True, {"kv_blocks_peak": 14}, [{}], timeline=Timeline.of(BASE).to_dict())
+    moved = [*BASE[:6], sample(1, 0, 9)]  # same summaries, a different last step
+    new = Entry("0", "w", True, {"kv_blocks_peak": 14}, [{}], timeline=Timeline.of(moved).to_dict())
+    doc = baseline.document("t", "cpu", "m", {}, [old])
+    strict = baseline.compare(doc, [new])
+    assert strict.status == "regression" and [r.metric for r in strict.regressions] == ["kv_timeline"]
+    assert "diverged at step 6: baseline 2 running" in strict.regressions[0].reason
+    assert strict.improvements == () and len(strict.timeline_changes) == 1
+    summary = baseline.compare(doc, [new], paging="summary")
+    assert summary.status == "pass" and summary.timeline_changes[0].verdict == "reported"
+    assert baseline.compare(doc, [Entry.from_dict(old.to_dict())]).rows[-1].metric == "kv_blocks_peak"  # silent
+    # timed arrivals: no timeline is kept or compared
+    timed = Entry("0", "w", False, {"kv_blocks_peak": 14}, [{}], timeline=Timeline.of(moved).to_dict())
+    assert baseline.compare(baseline.document("t", "cpu", "m", {}, [Entry("0", "w", False, {"kv_blocks_peak": 14}, [{}])]),
+                            [timed]).timeline_changes == ()
+
+
+def test_steps_compare_as_values():
+    assert Step(1, 0, 2) == Step(1, 0, 2) and Step(1, 0, 2, ("3",)) != Step(1, 0, 2)
+
+
+def test_the_picture_overlays_both_timelines(tmp_path):
+    from pytest_llmperf import plots
+    from pytest_llmperf.paging_timeline import divergence_step
+
+    old, new = Timeline.of(BASE), Timeline.of([*BASE[:4], sample(4, 2, 13)])
+    assert divergence_step(old, new) == 4 and divergence_step(old, old) is None
+    path = plots.timelines_overlaid("0", old, new, tmp_path / "t.png", divergence_step(old, new))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
