@@ -23,6 +23,19 @@ def pytest_in(python, *args):
                            "--llmperf-retries=0", *args], cwd=ROOT, capture_output=True, text=True, timeout=1500)
 
 
+def first_difference(old, new):
+    """The first step at which two stored timelines differ, read straight from their encoding: each
+    step's running/waiting/blocks (`steps`, run-length encoded) and its admitted/preempted requests
+    (`events`, by step)."""
+    def expanded(t):
+        states = [tok.split("*")[0] for tok in t["steps"].split() for _ in range(int((tok.split("*") + ["1"])[1]))]
+        events = {int(line.split()[0][1:]): line.split()[4:] for line in t["events"]}
+        return [(state, events.get(i)) for i, state in enumerate(states)]
+
+    a, b = expanded(old), expanded(new)
+    return next(i for i in range(max(len(a), len(b))) if (a[i] if i < len(a) else None) != (b[i] if i < len(b) else None))
+
+
 def vllm_version(python):
     return subprocess.run([python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True,
                           timeout=300).stdout.strip().splitlines()[-1]
@@ -47,6 +60,13 @@ def test_gate_a_vllm_upgrade(tmp_path):
         changed = {(r["label"], m) for r in test["results"] for m in baseline.PAGING
                    if r["deterministic"] and r["metrics"].get(m) is not None
                    and before[r["label"]]["metrics"].get(m) != r["metrics"][m]}
+        for r in test["results"]:  # the step timeline: flagged where it moved, at the step it first moved
+            was = before[r["label"]].get("timeline", {})
+            if r["deterministic"] and r.get("timeline") and was and was["hash"] != r["timeline"]["hash"]:
+                changed.add((r["label"], baseline.TIMELINE))
+                row = next(row for row in test["baseline_rows"] if row["metric"] == baseline.TIMELINE
+                           and row["label"] == r["label"])
+                assert f"diverged at step {first_difference(was, r['timeline'])}:" in row["reason"], row["reason"]
         flagged = {(row["label"], row["metric"]) for row in test["baseline_rows"] if row["verdict"] in baseline.FAILING}
         assert flagged == changed, test["test"]
         assert test["outcome"] == ("failed" if changed else "passed"), test["test"]

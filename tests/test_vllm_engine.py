@@ -58,6 +58,12 @@ def test_paging_fingerprint_is_identical_across_runs(vllm_engine, llmperf):
     assert paging(runs[0]) == paging(runs[1]) == paging(runs[2])
     timelines = [[row[3] for row in r.kv.timeline] for r in runs]
     assert timelines[0] == timelines[1] == timelines[2]  # blocks in use, step by step
+    # the step timeline a baseline keeps repeats exactly too, and names real requests
+    steps = [r.kv.steps.to_dict() for r in runs]
+    assert steps[0] == steps[1] == steps[2]
+    admitted = {name for s in runs[0].kv.steps.steps for name in s.admitted}
+    assert admitted == {str(i) for i in range(len(MIXED.requests))}
+    assert runs[0].kv.steps.preemptions == runs[0].kv.preemptions
     k = runs[0].kv
     assert 0 < k.fragmentation_mean <= k.fragmentation_max < 1 and k.block_size == 32 and k.blocks_total == 159
 
