@@ -52,6 +52,8 @@ ERROR_PREFIX = "ERROR,"
 SCHEDULER_PREFIX = "#scheduler="
 COST_PREFIX = "#cost_ns="
 GATE = re.compile(r"llmperf-g(\d+)-(\d+)-")
+# [<sample>_]llmperf-[g<N>-]<run>-<index>[-<suffix vLLM may add to make ids unique>]
+OWN_ID = re.compile(r"(?:(\d+)_)?llmperf-(?:g\d+-)?\d+-(\d+)(?:-[0-9a-zA-Z]+)?")
 # column order of a trace line; the adapter parses with the same tuple
 FIELDS = ("t", "blocks_used", "blocks_total", "block_size", "tokens_stored", "running", "waiting",
           "preemptions", "prefix_queries", "prefix_hits", "logical_blocks", "admitted", "preempted")
@@ -215,10 +217,18 @@ def _events(running: Any, before: list[Any]) -> str:
 
 
 def _names(requests: list[Any]) -> str:
-    """Request indices for the paging timeline: the workload index ending the plugin's request ids
-    (`llmperf-<run>-<index>`), else the id with the trace's separators taken out."""
-    return EVENT_SEPARATOR.join(r.request_id.rpartition("-")[2] if r.request_id.startswith("llmperf-")
-                                else r.request_id.replace(",", "").replace(EVENT_SEPARATOR, "") for r in requests)
+    """Request names for the paging timeline: the workload index ending the plugin's request ids
+    (`llmperf-<run>-<index>`; `<index>.<k>` for the k-th parallel sample, which vLLM names
+    `<k>_<parent id>`), never the run number, so that two runs name requests alike; other ids with the
+    trace's separators taken out."""
+    return EVENT_SEPARATOR.join(_name(r.request_id) for r in requests)
+
+
+def _name(request_id: str) -> str:
+    m = OWN_ID.fullmatch(request_id)
+    if m is None:
+        return request_id.replace(",", "").replace(EVENT_SEPARATOR, "")
+    return m.group(2) + (f".{m.group(1)}" if m.group(1) else "")
 
 
 class PagingRecorder(_Recording, Scheduler):
