@@ -373,7 +373,7 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
     if c == b or change <= tol:
         return row("ok")
     if exact:
-        reason = f"paging changed: {metric} {_fmt(b)} -> {_fmt(c)}"
+        reason = f"paging changed: {metric} {_fmt_pair(b, c)}"
         if not worse:
             reason += (f" ({'higher' if higher_better else 'lower'} is better: an improvement, but the paging of an "
                        "offline workload must match its baseline exactly; record it with --llmperf-baseline=update)")
@@ -436,3 +436,11 @@ def format_table(verdict: Verdict) -> str:
 
 def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:.4g}"
+
+
+def _fmt_pair(old: float, new: float) -> str:
+    """`old -> new` with enough digits that two different values never print alike."""
+    a, b = _fmt(old), _fmt(new)
+    if a == b and old != new:
+        a, b = f"{old:.6g}", f"{new:.6g}"
+    return f"{a} -> {b}"

@@ -24,6 +24,8 @@ def test_paging_metrics_compare_exactly_and_name_the_change():
     v = baseline.compare(stored(old), [new])
     assert v.status == "regression"
     assert v.regressions[0].reason == "paging changed: kv_blocks_peak 412 -> 436"
+    close = baseline.compare(stored(entry([{"kv_fragmentation_mean": 0.0351512}])), [entry([{"kv_fragmentation_mean": 0.0351548}])])
+    assert close.regressions[0].reason.startswith("paging changed: kv_fragmentation_mean 0.0351512 -> 0.0351548")
     # an explicit tolerance turns the exact rule off
     assert baseline.compare(stored(old), [new], tolerances={"kv_blocks_peak": 0.1}).status == "pass"
     # timed arrivals make paging timing-dependent: compared with the tolerance then
