@@ -511,12 +511,14 @@ def test_two_engines(hf_engine_factory, llmperf):
 
 
 def test_update_records_a_test_that_used_two_engines(pytester):
-    """Real transformers: measuring again for the baseline restarts the engine the pool closed, once."""
+    """Real transformers: the recording's last pass runs in a fresh start of each engine, once per engine
+    (the closed one included), never once per result."""
     pytester.makepyfile(test_t=TWO_ENGINES)
     result = pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-baseline=update", "--llmperf-retries=1")
     result.assert_outcomes(passed=1)
     doc = json.loads(next((pytester.path / "baselines").rglob("*.json")).read_text())
     assert [(e["label"], e["passes"], e["engine"]) for e in doc["entries"]] == [("first", 2, "hf"), ("second", 2, "hf")]
     assert all(e["deterministic"] for e in doc["entries"])
-    result.stdout.fnmatch_lines(["*engines started: 3;*"])  # first, second, then first again for its second pass
+    # first, second, then each started afresh for its second pass
+    result.stdout.fnmatch_lines(["*engines started: 4;*"])
     pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-baseline=require").assert_outcomes(passed=1)
