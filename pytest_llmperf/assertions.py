@@ -272,18 +272,26 @@ def _per_request(result: PerfResult, name: str) -> list[float] | None:
     return [v for s in result.sequences if (v := getattr(s, name)) is not None]
 
 
+def _undersampled(limit: Limit, result: PerfResult) -> tuple[float, str, int] | None:
+    """(q, latency name, samples) of an upper percentile limit measured on fewer samples than that
+    percentile needs; None for any other limit."""
+    parsed = quantiles.percentile_of(limit.metric)
+    if parsed is None or not limit.upper:
+        return None
+    q, name = parsed
+    n = result.samples.get(name)
+    return None if n is None or n >= quantiles.needed(q) else (q, name, n)
+
+
 def _confirmed(limit: Limit, result: PerfResult) -> bool:
     """Whether a violated percentile limit is violated beyond chance: on fewer samples than the
     percentile needs, only when even the lower end of its 95% interval is over the limit (a p99 of
     16 requests is their largest: one slow request would fail it)."""
-    parsed = quantiles.percentile_of(limit.metric)
-    if parsed is None or not limit.upper:
+    few = _undersampled(limit, result)
+    values = _per_request(result, few[1]) if few else None
+    if values is None:
         return True
-    q, name = parsed
-    n, values = result.samples.get(name), _per_request(result, name)
-    if n is None or n >= quantiles.needed(q) or values is None:
-        return True
-    lo, _ = quantiles.interval(values, q)
+    lo, _ = quantiles.interval(values, few[0])
     return lo is not None and lo > limit.bound
 
 
@@ -294,15 +302,11 @@ def sample_notes(limits: Iterable[Limit], results: Sequence[PerfResult]) -> list
     for result in results:
         values = result.flat()
         for limit in limits:
-            parsed, measured = quantiles.percentile_of(limit.metric), values.get(limit.metric)
-            if parsed is None or measured is None or not limit.upper:
-                continue
-            q, name = parsed
-            n = result.samples.get(name)
-            if n is None or n >= quantiles.needed(q):
+            few, measured = _undersampled(limit, result), values.get(limit.metric)
+            if few is None or measured is None:
                 continue
             label = f" [{result.label}]" if result.label else ""
-            why = quantiles.not_gated(limit.metric, n)
+            why = quantiles.not_gated(limit.metric, few[2])
             if not limit.holds(measured) and not _confirmed(limit, result):
                 notes.append(f"{limit.metric} = {_fmt(measured)} ms > limit {_fmt(limit.bound)} ms (from "
                              f"@pytest.mark.{limit.marker}){label}: {why}, and the lower end of its 95% interval is "

@@ -338,9 +338,7 @@ def _timeline_rows(old: Entry, cur: Entry, paging: str) -> list[Row]:
     if not old.timeline or not cur.timeline or paging_timeline.digest(old.timeline) == paging_timeline.digest(cur.timeline):
         return []
     a, b = paging_timeline.Timeline.from_dict(old.timeline), paging_timeline.Timeline.from_dict(cur.timeline)
-    reason = paging_timeline.first_divergence(a, b)
-    if reason is None:  # same steps, a hash of another encoding: nothing moved
-        return []
+    reason = paging_timeline.first_divergence(a, b) or ""
     verdict = "changed" if paging == "strict" else "reported"
     return [Row(cur.label, TIMELINE, float(len(a.steps)), float(len(b.steps)), 0.0, verdict, reason, exact=True)]
 
@@ -359,7 +357,6 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
                   _spread(old.each_pass(), metric))
     worse = (c < b) if higher_better else (c > b)
     change = abs(c - b) / abs(b) if b else (math.inf if c != b else 0.0)
-    too_few = _too_few_samples(old, cur, metric)
 
     def row(verdict: str, reason: str = "") -> Row:
         return Row(cur.label, metric, b, c, tol, verdict, reason, exact)
@@ -368,6 +365,7 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
         # timed arrivals (or a pool sized by the machine's memory) make paging vary run to run: an
         # unchanged H200 rerun moved fragmentation max by 16%. Shown; gated only where a test asks.
         return row("reported")
+    too_few = _too_few_samples(old, cur, metric)
     if too_few:
         return row("not-gated", too_few)
     if c == b or change <= tol:

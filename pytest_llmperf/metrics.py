@@ -167,7 +167,9 @@ class PerfResult:
         return good / self.duration_s if self.duration_s else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        # the per-step records are dropped: left out before asdict, which would copy them all first
+        lean = replace(self, sequences=(), kv=replace(self.kv, timeline=(), steps=None), gpu=replace(self.gpu, timeline=()))
+        d = asdict(lean)
         d.pop("sequences")
         d["kv"].pop("timeline")
         d["kv"].pop("steps")

@@ -36,28 +36,32 @@ def needed(q: float, confidence: float = CONFIDENCE) -> int:
 def interval(values: Sequence[float], q: float, confidence: float = CONFIDENCE) -> tuple[float | None, float | None]:
     """(lower, upper) ends of the interval that holds the q-th quantile with `confidence`; an end the
     sample is too small to give is None."""
-    n = len(values)
-    if n == 0:
-        return None, None
-    from scipy.stats import binom
-
-    tail = (1 - confidence) / 2
-    ranked = np.sort(np.asarray(values, dtype=float))
-    lo_rank = int(binom.ppf(tail, n, q))  # P(fewer than lo_rank samples <= quantile) < tail
-    hi_rank = int(binom.ppf(1 - tail, n, q)) + 1
-    lo = float(ranked[lo_rank - 1]) if lo_rank >= 1 else None
-    hi = float(ranked[hi_rank - 1]) if hi_rank <= n else None
-    return lo, hi
+    return _interval(np.sort(np.asarray(values, dtype=float)), q, confidence)
 
 
 def relative_halfwidth(values: Sequence[float], q: float, confidence: float = CONFIDENCE) -> float | None:
     """The interval's larger half over the point estimate (numpy's linear percentile), or None where
     the sample gives no interval: the uncertainty a comparison of this percentile must allow."""
-    lo, hi = interval(values, q, confidence)
-    point = float(np.percentile(np.asarray(values, dtype=float), q * 100)) if len(values) else 0.0
+    ranked = np.sort(np.asarray(values, dtype=float))
+    lo, hi = _interval(ranked, q, confidence)
+    point = float(np.percentile(ranked, q * 100)) if ranked.size else 0.0
     if lo is None or hi is None or point <= 0:
         return None
     return max(hi - point, point - lo) / point
+
+
+def _interval(ranked: np.ndarray, q: float, confidence: float) -> tuple[float | None, float | None]:
+    n = ranked.size
+    if n == 0:
+        return None, None
+    from scipy.stats import binom
+
+    tail = (1 - confidence) / 2
+    lo_rank = int(binom.ppf(tail, n, q))  # P(fewer than lo_rank samples <= quantile) < tail
+    hi_rank = int(binom.ppf(1 - tail, n, q)) + 1
+    lo = float(ranked[lo_rank - 1]) if lo_rank >= 1 else None
+    hi = float(ranked[hi_rank - 1]) if hi_rank <= n else None
+    return lo, hi
 
 
 def not_gated(metric: str, samples: int) -> str | None:
