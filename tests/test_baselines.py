@@ -521,4 +521,7 @@ def test_update_records_a_test_that_used_two_engines(pytester):
     assert all(e["deterministic"] for e in doc["entries"])
     # first, second, then each started afresh for its second pass
     result.stdout.fnmatch_lines(["*engines started: 4;*"])
-    pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-baseline=require").assert_outcomes(passed=1)
+    # both results compared; the timing of six tiny requests is not what this judges (it moved by more
+    # than 10% when other tests shared the two cores)
+    pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-baseline=require",
+                                 "--llmperf-tolerance=100").assert_outcomes(passed=1)
