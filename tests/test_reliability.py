@@ -15,7 +15,9 @@ from pytest_llmperf.runner import LLMPerf
 from pytest_llmperf.soak import host_memory_mib
 from pytest_llmperf.trace import Chunk, RunTrace, SequenceTrace
 
-OWN = dict(num_gpu_blocks_override=150)  # an engine of these tests' own: killing it disturbs no other test
+# an engine of these tests' own: killing it disturbs no other test. The block size is fixed because the
+# platforms differ (32 on the CPU, 16 on a GPU) and 150 blocks of 16 cannot hold max_model_len 4096
+OWN = dict(num_gpu_blocks_override=150, block_size=32)
 
 
 def engine_processes():
@@ -47,7 +49,7 @@ import psutil
 import pytest
 from pytest_llmperf import Workload
 
-pytestmark = pytest.mark.llmperf_engine(num_gpu_blocks_override=150)
+pytestmark = pytest.mark.llmperf_engine(num_gpu_blocks_override=150, block_size=32)
 W = Workload.offline(4, prompt_len=32, output_len=8, seed=1)
 
 
