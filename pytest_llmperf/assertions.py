@@ -15,7 +15,7 @@ from typing import Any
 
 from . import quantiles
 from .metrics import PerfResult, SequenceMetrics
-from .sweep import Sweep, throughput_per_gib
+from .sweep import Sweep, throughput_per_gib, unknown_latency_metrics
 
 
 class MarkerError(Exception):
@@ -167,6 +167,9 @@ def min_capacity(*, concurrency: float | None = None, rate: float | None = None,
     if under is not None:
         if not isinstance(under, Mapping) or not under:
             raise MarkerError(f"under={under!r} must be a mapping of latency metrics to limits, e.g. {{'p99_ttft_ms': 500}}")
+        problem = unknown_latency_metrics(under)
+        if problem:
+            raise MarkerError(problem)
         limits_under = tuple((str(k), _number(v, f"under[{k!r}]")) for k, v in under.items())
     return [Limit(_written("min_capacity", (), {k: v, **({"under": dict(under)} if under else {})}), f"capacity_{k}",
                   _number(v, k), False, "req/s" if k == "rate" else "", under=limits_under) for k, v in given.items()]

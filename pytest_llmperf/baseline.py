@@ -214,6 +214,18 @@ class Verdict:
 
 
 # -- storage ---------------------------------------------------------------------------------------
+def strict_json(value: Any) -> Any:
+    """`value` with every NaN or infinity made null: JSON has no such numbers, and `JSON.parse`, jq and
+    most parsers outside Python reject the `NaN` Python writes by default (a change from 0 to 0, say)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("_")[:180]
 
@@ -239,7 +251,7 @@ def load(path: Path) -> dict[str, Any] | None:
 
 def write(path: Path, document: Mapping[str, Any]) -> None:
     """Atomic: write a temporary file beside the target, then rename it over the target."""
-    text = json.dumps(document, indent=1, sort_keys=True) + "\n"
+    text = json.dumps(strict_json(document), indent=1, sort_keys=True, allow_nan=False) + "\n"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

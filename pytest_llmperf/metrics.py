@@ -24,6 +24,9 @@ from .trace import KVSample, RunTrace, SequenceTrace
 
 PERCENTILES = (50, 90, 95, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
+LATENCY_STATS = ("mean", "p50", "p90", "p95", "p99", "max")
+# the flat names of every latency statistic: p99_ttft_ms, p50_itl_ms, ...
+LATENCY_METRIC_NAMES = tuple(f"{stat}_{name}_ms" for name in LATENCY_METRICS for stat in LATENCY_STATS)
 _GIB = 1024**3
 
 
@@ -185,7 +188,7 @@ def flat_metrics(r: PerfResult) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for name in LATENCY_METRICS:
         stats: LatencyStats = getattr(r, name)
-        for stat in ("mean", "p50", "p90", "p95", "p99", "max"):
+        for stat in LATENCY_STATS:
             out[f"{stat}_{name}_ms"] = getattr(stats, stat)
     out.update(
         output_tokens_per_s=r.throughput.output_tokens_per_s,

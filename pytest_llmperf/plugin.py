@@ -23,7 +23,7 @@ import pytest
 from . import assertions, gating, properties, pytest_benchmark_bridge, soak
 from .assertions import Limit, MarkerError
 from .baseline import PAGING_MODES, TIMELINE, parse_tolerance, slug
-from .engines.base import EnginePool, default_engine
+from .engines.base import ENGINES, EnginePool, default_engine
 from .fixtures import (  # noqa: F401 - pytest finds a plugin's fixtures in its module
     gpu_fixture,
     hf_engine,
@@ -52,16 +52,18 @@ def _option(config: pytest.Config, name: str) -> Any:
     return value if value is not None else config.getini(f"llmperf_{name.replace('-', '_')}")
 
 
-def parse_engine_config(text: str) -> dict[str, Any]:
-    """`--llmperf-engine-config` takes a JSON object: '{"block_size": 32, "max_num_seqs": 64}'."""
+def parse_engine_config(text: str, option: str = "engine-config") -> dict[str, Any]:
+    """`--llmperf-engine-config` (and `--llmperf-server-config`) take a JSON object:
+    '{"block_size": 32, "max_num_seqs": 64}'."""
     if not text:
         return {}
+    name = f"--llmperf-{option}/llmperf_{option.replace('-', '_')}"
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise pytest.UsageError(f"--llmperf-engine-config is not JSON ({e}): write e.g. '{{\"max_num_seqs\": 64}}'") from None
+        raise pytest.UsageError(f"{name} is not JSON ({e}): write e.g. '{{\"max_num_seqs\": 64}}'") from None
     if not isinstance(value, dict):
-        raise pytest.UsageError("--llmperf-engine-config must be a JSON object of engine options")
+        raise pytest.UsageError(f"{name} must be a JSON object of engine options, e.g. '{{\"max_num_seqs\": 64}}'")
     return value
 
 
@@ -144,8 +146,7 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{gating.TOLERANCE_MARKER}(**metric_fractions): llmperf: relative tolerance per metric against the stored "
         "baseline, e.g. p99_ttft_ms=0.15 (also ttft_p99=0.15); paging metrics given here stop comparing exactly.",
     )
-    gpu = _claim_gpu()
-    hardware = _option(config, "hardware") or (gpu.hardware_class if gpu else "cpu")
+    hardware = _option(config, "hardware") or _machine_class()
     if hardware not in KNOWN_CLASSES:
         config.addinivalue_line("markers", f"{hardware}: llmperf: run only on {hardware} hardware (this machine's class)")
     model_spec = _option(config, "model") or DEFAULT_MODEL
@@ -160,39 +161,68 @@ def pytest_configure(config: pytest.Config) -> None:
         tolerance, tolerances = parse_tolerance(_option(config, "tolerance"))
     except ValueError as e:
         raise pytest.UsageError(f"--llmperf-tolerance/llmperf_tolerance: {e}") from None
+    given = _option(config, "retries")
     try:
-        retries = int(_option(config, "retries"))
-    except ValueError:
+        retries = int(given)
+    except (TypeError, ValueError):
         retries = -1
     if retries < 0:
-        raise pytest.UsageError(f"llmperf_retries={retries}: give the number of extra measurements, 0 or more")
+        raise pytest.UsageError(f"--llmperf-retries/llmperf_retries={given!r}: give the number of extra measurements, "
+                                "0 or more (e.g. 2)")
+    engine_name = _option(config, "engine") or default_engine()
+    if engine_name not in ENGINES:
+        raise pytest.UsageError(f"llmperf_engine={engine_name!r}: choose one of {', '.join(sorted(ENGINES))}")
     config.stash[SESSION] = Session(
-        engine_name=_option(config, "engine") or default_engine(),
+        engine_name=engine_name,
         model_spec=model_spec,
         engine_defaults=parse_engine_config(_option(config, "engine-config")),
         hardware=hardware,
-        gpu=gpu,
+        gpu=None,  # claimed by _activate, once the session uses the plugin
         gate=gating.GateConfig(mode, root if root.is_absolute() else config.rootpath / root,
                                tolerance, hardware, model_spec, retries, tolerances, _update_args(config, model_spec),
                                paging),
         report_dir=Path(_option(config, "report")) if _option(config, "report") else None,
-        pool=EnginePool(after_close=_release_waiter(gpu)),
+        pool=EnginePool(),
         retries=retries,
         warmup=_warmup_option(config),
         openai_defaults={k: v for k, v in (("base_url", _option(config, "base-url")),
                                             ("model", _option(config, "served-model")),
                                             ("api_key_env", _option(config, "api-key-env"))) if v},
-        server_options=parse_engine_config(_option(config, "server-config")),
+        server_options=parse_engine_config(_option(config, "server-config"), "server-config"),
     )
     config.pluginmanager.register(RecordCollector(config.stash[SESSION]), "llmperf-records")
-    _stop_engines_on_sigterm(config)
     rounds = config.getoption("--llmperf-soak")
     if rounds < 1:
         raise pytest.UsageError(f"--llmperf-soak={rounds}: give the number of rounds, 2 or more (1 is a plain run)")
     if rounds > 1:
+        _activate(config)
         gpu_index = config.stash[SESSION].gpu.index if config.stash[SESSION].gpu else None
         config.pluginmanager.register(soak.Soak(rounds, config.getoption("--llmperf-soak-limit-mib"), gpu_index),
                                       "llmperf-soak")
+
+
+_ACTIVE = pytest.StashKey[bool]()
+
+
+def _activate(config: pytest.Config) -> None:
+    """What the plugin does to the process, done once and only in a session that uses it (a test with
+    an llmperf fixture, or --llmperf-soak): claim this worker's GPU (CUDA_VISIBLE_DEVICES under
+    pytest-xdist), wait for its memory after each engine stops, and stop engines on SIGTERM. A project
+    that never uses the plugin keeps its environment, its signal handlers and its -n."""
+    if config.stash.get(_ACTIVE, False):
+        return
+    config.stash[_ACTIVE] = True
+    state = config.stash[SESSION]
+    try:
+        state.gpu = _claim_gpu()
+    except GpuError as e:  # each test that uses the plugin fails with it; the worker's other tests run
+        config.stash[_CLAIM_ERROR] = str(e)
+        return
+    state.pool.after_close = _release_waiter(state.gpu)
+    _stop_engines_on_sigterm(config)
+
+
+_CLAIM_ERROR = pytest.StashKey[str]()
 
 
 def _update_args(config: pytest.Config, model_spec: str) -> str:
@@ -241,16 +271,24 @@ def _warmup_option(config: pytest.Config) -> str:
 OWN_CONTEXT_SLACK = 2 * 1024**3
 
 
+def _machine_class() -> str:
+    """This machine's hardware class, read from NVML without claiming anything: the first GPU this
+    process sees (as CUDA_VISIBLE_DEVICES maps them), or cpu."""
+    count = device_count()
+    if not count:
+        return "cpu"
+    _, index = assign_device(None, os.environ.get("CUDA_VISIBLE_DEVICES"), count)
+    gpu = detect(index)
+    return gpu.hardware_class if gpu else "cpu"
+
+
 def _claim_gpu() -> GpuInfo | None:
     """This worker's GPU. Under pytest-xdist each worker takes its own card, set in
     CUDA_VISIBLE_DEVICES before any engine starts."""
     count = device_count()
     if not count:
         return None
-    try:
-        visible, index = assign_device(os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("CUDA_VISIBLE_DEVICES"), count)
-    except GpuError as e:
-        raise pytest.UsageError(str(e)) from None
+    visible, index = assign_device(os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("CUDA_VISIBLE_DEVICES"), count)
     if visible is not None:
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers cards as NVML does
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
@@ -271,6 +309,8 @@ def _release_waiter(gpu: GpuInfo | None) -> Callable[[], None] | None:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the hardware marker must be there to be selected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if any(_uses_plugin(item) for item in items):
+        _activate(config)
     config.stash[_CARRIED] = _mark_hardware(items, config.stash[SESSION].hardware)
     # Tests that share an engine configuration run together, so each engine starts once (per soak round).
     items.sort(key=lambda item: (soak.round_of(item), _engine_group(item)))
@@ -299,6 +339,33 @@ def _uses_plugin(item: pytest.Item) -> bool:
     fixtures = set(getattr(item, "fixturenames", ()))
     return bool(fixtures & properties.PLUGIN_FIXTURES) or any(
         m.name in assertions.MARKERS or m.name in (ENGINE_MARKER, gating.TOLERANCE_MARKER) for m in item.iter_markers())
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """What this session will measure and judge against, before any engine starts: an empty or foreign
+    baseline store is visible at once, not after an hour of GPU time. Silent in a project that shows no
+    sign of using the plugin (no baseline folder, no llmperf option or ini value)."""
+    state = config.stash[SESSION]
+    gate = state.gate
+    if not (gate.root.is_dir() or _asked(config)):
+        return None
+    folder = gate.root / slug(gate.hardware) / slug(gate.model)
+    stored = len(list(folder.glob("*.json"))) if folder.is_dir() else 0
+    where = folder.relative_to(config.rootpath) if folder.is_relative_to(config.rootpath) else folder
+    others = sorted(p.name for p in gate.root.iterdir() if p.is_dir()) if gate.root.is_dir() else []
+    elsewhere = f" (classes stored: {', '.join(others)})" if not stored and others else ""
+    return (f"llmperf: engine {state.engine_name}, model {state.model_spec}, hardware {state.hardware}, "
+            f"baseline {gate.mode}: {stored} stored in {where}/{elsewhere}")
+
+
+def _asked(config: pytest.Config) -> bool:
+    """An --llmperf option on the command line, or llmperf settings in the project's configuration file."""
+    if any(str(a).startswith("--llmperf") for a in config.invocation_params.args):
+        return True
+    try:
+        return config.inipath is not None and "llmperf" in config.inipath.read_text()
+    except OSError:
+        return False
 
 
 def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> str | None:
@@ -332,6 +399,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @pytest.hookimpl(tryfirst=True)  # before fixtures: no engine starts for a test with a bad marker
 def pytest_runtest_setup(item: pytest.Item) -> None:
     _skip_other_hardware(item)
+    claim_error = item.config.stash.get(_CLAIM_ERROR, None)
+    if claim_error and _uses_plugin(item):
+        pytest.fail(f"llmperf: {claim_error}", pytrace=False)
     _check_server(item)
     try:
         item.stash[LIMITS] = _limits(item)
@@ -462,6 +532,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     if call.when != "call":
         return report
+    try:
+        _judge_report(item, report)
+    except Exception as e:  # an input no check foresaw, or a fault of the plugin: this test fails, the session goes on
+        report.outcome = "failed"
+        report.longrepr = (f"llmperf: {item.nodeid}: could not judge this test ({type(e).__name__}: {e}); the other "
+                           "tests of the session are judged as usual")
+    return report
+
+
+def _judge_report(item: pytest.Item, report: pytest.TestReport) -> None:
+    """Limits, then the baseline, of a test whose body passed; its record and plots for the reports."""
     perf = item.stash.get(PERF, None)
     if perf is not None:
         _record(item, perf)
@@ -487,7 +568,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.llmperf_record = asdict(record)
         pytest_benchmark_bridge.add(item, perf)
     report.sections.extend(item.stash.get(_NOTES, []))
-    return report
 
 
 def _gate(item: pytest.Item, perf: LLMPerf) -> tuple[tuple[str, bool] | None, gating.Verdict | None]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import baseline
-from .baseline import Entry
+from .baseline import Entry, strict_json
 
 RESULTS_SCHEMA = 1
 HEADLINE = (("p99_ttft_ms", "TTFT p99 ms"), ("p99_tpot_ms", "TPOT p99 ms"), ("p99_itl_ms", "ITL p99 ms"),
@@ -122,7 +122,8 @@ def baseline_counts(records: Sequence[TestRecord]) -> str:
 def write(directory: Path, records: Sequence[TestRecord], session: Mapping[str, Any]) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     results, summary = directory / "results.json", directory / "summary.md"
-    results.write_text(json.dumps(document(records, session), indent=1, sort_keys=True, default=str) + "\n")
+    results.write_text(json.dumps(strict_json(document(records, session)), indent=1, sort_keys=True, default=str,
+                                  allow_nan=False) + "\n")
     text = markdown(records, session)
     summary.write_text(text)
     step = os.environ.get("GITHUB_STEP_SUMMARY")

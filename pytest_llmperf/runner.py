@@ -13,7 +13,7 @@ from typing import Any
 from .engines.base import Engine
 from .gpu import NvmlSampler
 from .metrics import PerfResult, pass_noise, summarize, throughput, with_timing_noise
-from .sweep import Sweep, SweepPoint, holds
+from .sweep import Sweep, SweepPoint, holds, unknown_latency_metrics
 from .timing import PhaseTimes
 from .trace import Roofline, RunTrace
 from .workload import Workload
@@ -97,6 +97,9 @@ class LLMPerf:
         workload. Points are results too (labelled `label@value`); limit markers judge the curve
         through `min_capacity`, not each point."""
         kind, values = _sweep_values(concurrency, rates)
+        problem = unknown_latency_metrics(under or {})
+        if problem:  # before any point runs, not after the whole sweep
+            raise ValueError(problem)
         points = []
         for i, value in enumerate(values):
             result = self.run(engine, _workload_of(workload_factory, value), repeats=repeats,

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .metrics import PerfResult
+from .metrics import LATENCY_METRIC_NAMES, PerfResult
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,15 @@ class Sweep:
                 "under": dict(self.under), "pareto": [p.value for p in self.pareto()],
                 "best_balance": best.value if best else None,
                 "throughput_per_gib": [throughput_per_gib(p.result) for p in self.points]}
+
+
+def unknown_latency_metrics(limits: Mapping[str, Any]) -> str | None:
+    """What is wrong with latency limits that name no latency metric (None when all are known)."""
+    unknown = [str(k) for k in limits if k not in LATENCY_METRIC_NAMES]
+    if not unknown:
+        return None
+    return (f"under= names {', '.join(map(repr, unknown))}, not a latency metric: choose among "
+            f"{', '.join(LATENCY_METRIC_NAMES)}")
 
 
 def holds(result: PerfResult, limits: Mapping[str, float]) -> bool:

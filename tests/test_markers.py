@@ -68,6 +68,8 @@ def test_it(hf_engine, llmperf):
     ("max_preemptions(1.5)", "whole number"),
     ("max_p99_ms(ttft={'a100': 5})", "no value for hardware class 'cpu'"),
     ("llmperf_engine(32)", "keyword options only"),
+    ("min_capacity(concurrency=4, under={'ttft_p99_ms': 1000})",
+     "under= names 'ttft_p99_ms', not a latency metric: choose among mean_ttft_ms, p50_ttft_ms"),
 ])
 def test_bad_marker_input_errors_before_running(run, marker, message):
     result = run(f"""
@@ -78,6 +80,20 @@ def test_it(hf_engine, llmperf):
     result.assert_outcomes(errors=1)
     out = result.stdout.str()
     assert message in out and "test_it" in out and "the body must not run" not in out
+
+
+def test_a_bad_marker_errors_its_test_and_the_session_goes_on(run):
+    result = run("""
+@pytest.mark.min_capacity(concurrency=4, under={"ttft_p99_ms": 1000})
+def test_bad(hf_engine, llmperf):
+    pass
+
+@pytest.mark.max_p99_ms(e2e=60_000)
+def test_after(hf_engine, llmperf):
+    llmperf.run(hf_engine, WORKLOAD)
+""")
+    result.assert_outcomes(passed=1, errors=1)
+    assert "INTERNALERROR" not in result.stdout.str()
 
 
 def test_marker_without_result_and_unmeasurable_metric_fail(run):

@@ -91,3 +91,18 @@ def test_chat(hf_engine, llmperf, seed):
     doc = json.loads((pytester.path / "rep" / "results.json").read_text())
     assert sorted(t["test"] for t in doc["tests"]) == [f"test_x.py::test_chat[{s}]" for s in (1, 2, 3, 4)]
     assert result.stdout.str().count("test_x.py::test_chat[") >= 4  # the terminal table lists them all
+
+
+def test_results_json_and_baselines_are_strict_json(tmp_path):
+    """No NaN or Infinity (a change from 0 to 0 is NaN in Python): JSON.parse, jq and Go reject them."""
+    from pytest_llmperf import baseline
+    from pytest_llmperf.report import write
+
+    def strict(text):
+        return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in strict JSON"))
+
+    write(tmp_path / "rep", [], {"change": float("nan"), "tolerance": [float("inf"), {"a": -float("inf")}]})
+    assert strict((tmp_path / "rep" / "results.json").read_text())["session"] == {
+        "change": None, "tolerance": [None, {"a": None}]}
+    baseline.write(tmp_path / "b.json", {"entries": [{"metrics": {"change": float("nan"), "ok": 1.5}}]})
+    assert strict((tmp_path / "b.json").read_text())["entries"][0]["metrics"] == {"change": None, "ok": 1.5}

@@ -112,7 +112,7 @@ class EnginePool:
         self._key: str | None = None
         self.times = times or PhaseTimes()
         self._engine: Engine | None = None
-        self._after_close = after_close  # e.g. wait until the GPU shows the engine's memory freed
+        self.after_close = after_close  # e.g. wait until the GPU shows the engine's memory freed
         self.starts = 0
         # how each engine this pool started was asked for, so a closed one can be started again
         self._made: weakref.WeakKeyDictionary[Engine, tuple[str, ModelSpec, dict[str, Any]]] = weakref.WeakKeyDictionary()
@@ -162,5 +162,5 @@ class EnginePool:
         if engine is not None:
             with self.times.timed("engine stop"):
                 engine.shutdown()
-                if self._after_close is not None and engine.holds_device:
-                    self._after_close()
+                if self.after_close is not None and engine.holds_device:
+                    self.after_close()

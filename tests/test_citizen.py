@@ -1,0 +1,78 @@
+"""A good pytest citizen: installed beside a project that never uses it, the plugin changes nothing in
+that project's sessions (its environment, its signal handlers, its -n); a session that uses it still
+gets its GPU claimed, with the clear error it always had."""
+
+import signal
+
+import pytest
+
+# A fake NVML (named as such): the plugin sees one H200, so that the GPU claim of a one-GPU machine
+# can be exercised on a machine without one. Nothing here starts an engine.
+FAKE_ONE_GPU = """
+import pytest_llmperf.plugin as plugin
+from pytest_llmperf.gpu import GpuInfo
+
+plugin.device_count = lambda: 1
+plugin.memory_used = lambda index: 0
+plugin.detect = lambda index=0: GpuInfo(index, "NVIDIA H200", "h200", 139.8, "580.0", "13.0", "9.0")
+"""
+
+UNRELATED = """
+import os
+import signal
+
+import pytest
+
+
+def test_environment_untouched(worker_id):
+    with open(f"seen-{worker_id}", "w") as f:
+        f.write(f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')} {signal.getsignal(signal.SIGTERM)!r}")
+
+
+def test_other(worker_id):
+    assert worker_id.startswith("gw")
+"""
+
+
+def test_a_project_that_never_uses_the_plugin_runs_with_n_2_on_a_one_gpu_machine(pytester, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    pytester.makeconftest(FAKE_ONE_GPU)
+    pytester.makepyfile(test_unrelated=UNRELATED)
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=2)
+    seen = [p.read_text() for p in pytester.path.glob("seen-*")]
+    assert seen == [f"0 {signal.SIG_DFL!r}"], seen  # CUDA_VISIBLE_DEVICES as it was, no SIGTERM handler
+    assert "llmperf:" not in result.stdout.str()  # not even a header line
+
+
+def test_a_session_that_uses_the_plugin_claims_a_gpu_per_worker(pytester, monkeypatch):
+    """The claim is still made, and still refuses two workers on one card, when a test uses the plugin:
+    that test errors with what to do, and the worker's other tests still run (`--dist each` sends every
+    test to both workers, so the second worker surely meets it)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    pytester.makeconftest(FAKE_ONE_GPU)
+    pytester.makepyfile(test_perf="def test_uses(llmperf):\n    pass\n",
+                        test_unrelated=UNRELATED)
+    result = pytester.runpytest_subprocess("-n", "2", "--dist", "each", "-p", "no:cacheprovider", "-p", "no:randomly",
+                                           "-rE")
+    result.assert_outcomes(passed=5, errors=1)
+    result.stdout.fnmatch_lines(["llmperf: pytest-xdist worker gw1 has no GPU of its own: 1 visible (0); run with -n 1 "
+                                 "or fewer", "ERROR test_perf.py::test_uses - *"])
+
+
+@pytest.mark.parametrize("option, message", [
+    ("llmperf_retries=two", "--llmperf-retries/llmperf_retries='two': give the number of extra measurements"),
+    ("llmperf_engine=foo", "llmperf_engine='foo': choose one of hf, openai, vllm"),
+    ("llmperf_tolerance=abc", "tolerance 'abc': give a fraction >= 0"),
+    ("llmperf_server_config=[1]", "--llmperf-server-config/llmperf_server_config must be a JSON object"),
+    ("llmperf_engine_config={", "--llmperf-engine-config/llmperf_engine_config is not JSON"),
+    ("llmperf_warmup=x", "llmperf_warmup='x': choose one of auto, quick, steady"),
+    ("llmperf_baseline=strict", "llmperf_baseline='strict': choose one of"),
+    ("llmperf_paging=loose", "llmperf_paging='loose': choose one of"),
+])
+def test_bad_ini_values_are_usage_errors_naming_the_value(pytester, option, message):
+    pytester.makepyfile(test_a="def test_a():\n    pass\n")
+    result = pytester.runpytest_inprocess("-o", option)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str(), result.stderr.str()
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()
