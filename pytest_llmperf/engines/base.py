@@ -40,6 +40,14 @@ class EngineError(RuntimeError):
     """An engine could not start or could not run: the message says what to do next."""
 
 
+def need(module: str, extra: str) -> Any:
+    """`module`, imported, or an EngineError naming the extra that brings it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise EngineError(f"{module.split('.')[0]} is missing: pip install 'pytest-llmperf[{extra}]'") from None
+
+
 class Engine(ABC):
     """One loaded model behind one inference framework."""
 

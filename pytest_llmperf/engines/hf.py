@@ -19,7 +19,7 @@ from typing import Any
 from ..models import ModelSpec
 from ..trace import Chunk, KVSample, RunTrace, SequenceTrace
 from ..workload import Workload
-from .base import Engine, EngineError
+from .base import Engine, EngineError, need
 
 DEFAULTS: dict[str, Any] = {"max_batch_size": 8, "device": None, "dtype": None, "attn_implementation": "sdpa",
                             "max_model_len": None}
@@ -50,8 +50,7 @@ class HFEngine(Engine):
         unknown = set(config) - set(DEFAULTS)
         if unknown:
             raise EngineError(f"hf engine does not take {sorted(unknown)}; it takes {sorted(DEFAULTS)}")
-        import torch
-        import transformers
+        torch, transformers = need("torch", "hf"), need("transformers", "hf")
 
         self._torch = torch
         cfg = {**DEFAULTS, **config}

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 from ..models import ModelSpec
 from ..trace import Chunk, KVSample, RunTrace, SequenceTrace
 from ..workload import Workload
-from .base import Engine, EngineError, wait_for_turn
+from .base import Engine, EngineError, need, wait_for_turn
 
 HEALTH_TIMEOUT_S = 5.0  # a server that cannot answer /health this fast is not running a workload either
 
@@ -61,9 +61,7 @@ class OpenAIEngine(Engine):
                               "(or the vllm_server fixture, or openai_engine_factory(base_url=...))")
         if cfg["endpoint"] not in ("completions", "chat"):
             raise EngineError(f"endpoint={cfg['endpoint']!r}: choose 'completions' or 'chat'")
-        import httpx
-
-        self._httpx = httpx
+        self._httpx = need("httpx", "openai")
         cfg["base_url"] = cfg["base_url"].rstrip("/")
         self.model = model
         self._cfg = cfg
@@ -109,7 +107,9 @@ class OpenAIEngine(Engine):
 
     @property
     def config(self) -> dict[str, Any]:
-        return {**self._cfg, "model": self._served_model, "max_model_len": self.max_model_len}
+        # the server's address is this machine's business: baselines store no host names, ports or URLs
+        kept = {k: v for k, v in self._cfg.items() if k != "base_url"}
+        return {**kept, "model": self._served_model, "max_model_len": self.max_model_len}
 
     @property
     def base_url(self) -> str:
@@ -300,7 +300,7 @@ class _Scraper:
                    if sent >= start and received <= end and v.get("running", 0) + v.get("waiting", 0) > 0)
 
     def _parse(self, text: str) -> dict[str, float]:
-        from prometheus_client.parser import text_string_to_metric_families
+        text_string_to_metric_families = need("prometheus_client.parser", "openai").text_string_to_metric_families
 
         values: dict[str, float] = {}
         for family in text_string_to_metric_families(text):

