@@ -520,7 +520,8 @@ def _measured_again(perf: LLMPerf | None, limits: list[Limit], violations: list[
             left = mine
         else:
             if measured > 1:
-                notes.append(f"{name} violated limits in all {measured} measurements" if left else
+                notes.append(f"{name} violated limits in all {measured} measurements (the values above are the "
+                             "first pass's, as in the summary table)" if left else
                              f"{name} violated a limit in its first pass and none when measured again "
                              f"({measured} passes): noise, not a regression")
         kept += left
