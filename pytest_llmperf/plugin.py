@@ -22,7 +22,8 @@ import pytest
 
 from . import assertions, gating, properties, pytest_benchmark_bridge, soak
 from .assertions import Limit, MarkerError
-from .baseline import PAGING_MODES, TIMELINE, parse_tolerance, slug
+from .baseline import PAGING_MODES, TIMELINE, parse_tolerance, path_for, slug
+from .baseline import load as load_baseline
 from .engines.base import ENGINES, EnginePool, default_engine
 from .fixtures import (  # noqa: F401 - pytest finds a plugin's fixtures in its module
     gpu_fixture,
@@ -406,11 +407,22 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     try:
         item.stash[LIMITS] = _limits(item)
         engine_options(item)  # a malformed engine marker errors here, before anything starts
-    except MarkerError as e:
+        _check_baseline_file(item)
+    except (MarkerError, gating.BaselineError) as e:
         problem = str(e)
     else:
         return
     pytest.fail(f"llmperf: {item.nodeid}: {problem}", pytrace=False)
+
+
+def _check_baseline_file(item: pytest.Item) -> None:
+    """A corrupt baseline file, or a tolerance marker naming no metric, errors the test before any
+    engine starts, not after it measured for minutes."""
+    gate = item.config.stash[SESSION].gate
+    if gate.mode in ("off", "update") or not _uses_plugin(item):
+        return
+    gating.tolerances([m.kwargs for m in item.iter_markers(gating.TOLERANCE_MARKER)])
+    load_baseline(path_for(gate.root, item.nodeid, gate.hardware, gate.model))
 
 
 def _check_server(item: pytest.Item) -> None:

@@ -178,8 +178,9 @@ def test_the_gate_end_to_end(pytester):
 
     files[0].write_text(recorded[: len(recorded) // 2])
     corrupt = pytester.runpytest_inprocess(*args)
-    corrupt.assert_outcomes(failed=1)
+    corrupt.assert_outcomes(errors=1)  # at setup: before any engine starts and measures
     assert "is unreadable" in corrupt.stdout.str() and str(files[0]) in corrupt.stdout.str()
+    assert "test_gate.py::test_gated  0 " not in corrupt.stdout.str()  # nothing was measured
     assert files[0].read_text() == recorded[: len(recorded) // 2]  # never silently replaced
 
     foreign = pytester.runpytest_inprocess(*args, "--llmperf-hardware=a100")
