@@ -394,6 +394,21 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     state = session.config.stash.get(SESSION, None)
     if state is not None:
         state.pool.close()
+        _show_engine_output(session.config)
+
+
+def _show_engine_output(config: pytest.Config) -> None:
+    """What the engines logged while they stopped sits in pytest's global capture, which pytest prints
+    at exit, after its summary, where vLLM's routine shutdown lines read as errors. Show it now, before
+    the summary, without the routine `[shutdown]` lines."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    terminal = config.pluginmanager.getplugin("terminalreporter")
+    if capman is None or terminal is None or not capman.is_globally_capturing():
+        return
+    out, err = capman.read_global_capture()
+    for line in (out + err).splitlines():
+        if line.strip() and "[shutdown]" not in line:
+            terminal.write_line(line)
 
 
 # -- judging ---------------------------------------------------------------------------------------

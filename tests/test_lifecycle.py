@@ -48,3 +48,8 @@ def test_ckpt(vllm_engine, llmperf):
     result = pytester.runpytest_subprocess("--llmperf-engine=vllm", f"--llmperf-model={tmp_path / 'ckpt'}",
                                            f"--llmperf-engine-config={ENGINE_CONFIG}", timeout=300)
     result.assert_outcomes(passed=1)
+    # the engine's shutdown is logged before pytest's summary (its routine lines left out), never after it
+    lines = result.stdout.lines + result.stderr.lines
+    last = max(i for i, line in enumerate(lines) if "1 passed" in line)
+    assert not [line for line in lines[last + 1:] if line.strip()], lines[last:]
+    assert not any("[shutdown]" in line for line in lines)
