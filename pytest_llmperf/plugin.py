@@ -405,7 +405,10 @@ def _show_engine_output(config: pytest.Config) -> None:
     terminal = config.pluginmanager.getplugin("terminalreporter")
     if capman is None or terminal is None or not capman.is_globally_capturing():
         return
-    out, err = capman.read_global_capture()
+    try:
+        out, err = capman.read_global_capture()
+    except AssertionError:  # pytest.exit (Ctrl-C, SIGTERM) has already stopped the capture
+        return
     for line in (out + err).splitlines():
         if line.strip() and "[shutdown]" not in line:
             terminal.write_line(line)
