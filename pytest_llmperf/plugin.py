@@ -394,7 +394,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     state = session.config.stash.get(SESSION, None)
     if state is not None:
         state.pool.close()
-        _show_engine_output(session.config)
+        if session.config.stash.get(_ACTIVE, False):  # a session that never used the plugin keeps its output
+            _show_engine_output(session.config)
 
 
 def _show_engine_output(config: pytest.Config) -> None:
