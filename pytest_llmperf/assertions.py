@@ -378,6 +378,38 @@ def check_sweeps(limits: Iterable[Limit], sweeps: Sequence[Sweep]) -> list[Viola
     return violations
 
 
+def margins(limits: Sequence[Limit], results: Sequence[PerfResult]) -> list[dict[str, Any]]:
+    """Each point limit against each result's first pass, as the summary table shows it: the measured
+    value, the bound, and the share of the bound left to spare (negative: violated). Sweep limits are
+    judged on curves and left out; so is a metric the result did not measure."""
+    rows = []
+    for i, result in enumerate(results):
+        values = result.flat()
+        for limit in limits:
+            measured = values.get(limit.metric)
+            if limit.on_sweeps or measured is None:
+                continue
+            spare = (limit.bound - measured if limit.upper else measured - limit.bound) / limit.bound if limit.bound else None
+            rows.append({"result": result.label or str(i), "marker": limit.marker, "metric": limit.metric,
+                         "bound": limit.bound, "upper": limit.upper, "unit": limit.unit, "measured": float(measured),
+                         "margin": spare})
+    return rows
+
+
+def format_margin(row: Mapping[str, Any]) -> str:
+    """`p99_ttft_ms 26.3 ms <= 5000 ms (99% to spare)`."""
+    unit = f" {row['unit']}" if row["unit"] else ""
+    missed = "over" if row["upper"] else "short"
+    spare = "" if row["margin"] is None else (f" ({row['margin']:.0%} to spare)" if row["margin"] >= 0 else
+                                              f" ({missed} by {-row['margin']:.0%})")
+    return (f"{row['metric']} {_g(row['measured'])}{unit} {'<=' if row['upper'] else '>='} "
+            f"{_g(row['bound'])}{unit}{spare}")
+
+
+def _g(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 1000 or value == int(value) else f"{value:.4g}"
+
+
 def format_violations(violations: Sequence[Violation]) -> str:
     lines = [f"llmperf: {len(violations)} performance limit{'s' if len(violations) != 1 else ''} violated"]
     for v in violations:

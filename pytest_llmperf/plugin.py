@@ -594,6 +594,8 @@ def _judge_report(item: pytest.Item, report: pytest.TestReport) -> None:
     if perf is not None and perf.results:
         state = item.config.stash[SESSION]
         record = _test_record(item.nodeid, perf, report, verdict, state)
+        record.limits = assertions.margins(item.stash.get(LIMITS, []),
+                                           [r for r in perf.results if r.label not in perf.sweep_labels])
         if state.report_dir is not None:
             record.plots = _plots(item, perf, state.report_dir, verdict)
         # travels with the report, so that under pytest-xdist the controller sees every worker's results
@@ -697,6 +699,11 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     for row in rows:
         tr.write_line("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    for rec in state.records:
+        if rec.limits:
+            shown = [f"{assertions.format_margin(m)}" + (f" [{m['result']}]" if len(rec.results) > 1 else "")
+                     for m in rec.limits]
+            tr.write_line(f"  limits of {rec.test}: " + "; ".join(shown))
     gated = baseline_counts(state.records)
     if gated:
         tr.write_line(gated)

@@ -34,6 +34,7 @@ class TestRecord:
     environment: dict[str, Any] = field(default_factory=dict)
     sweeps: list[dict[str, Any]] = field(default_factory=list)
     plots: list[str] = field(default_factory=list)  # PNG paths, relative to the report folder
+    limits: list[dict[str, Any]] = field(default_factory=list)  # each limit's value and margin (assertions.margins)
 
 
 def result_record(entry: Entry, summary: Mapping[str, Any], workload: Mapping[str, Any]) -> dict[str, Any]:

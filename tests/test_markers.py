@@ -43,6 +43,13 @@ def test_tight(hf_engine, llmperf):
         assert text in out, text
     assert "PERF-FAILED" in out
     assert "engines started: 1" in out  # both tests shared one engine
+    # the summary shows every limit beside its value: the margin a passing test had, how far a failing one was over
+    ok = next(line for line in out.splitlines() if line.startswith("  limits of ") and "::test_ok:" in line)
+    assert "p99_ttft_ms " in ok and " ms <= 60000 ms (" in ok and "to spare)" in ok, ok
+    assert "kv_preemptions 0 <= 0" in ok, ok
+    tight = next(line for line in out.splitlines() if line.startswith("  limits of ") and "::test_tight:" in line)
+    assert ">= 1000000000 output_tokens/s (short by 100%)" in tight, tight
+    assert "p99_ttft_ms " in tight and "<= 0.001 ms (over by " in tight, tight
 
 
 def test_repeats_and_worst_requests_are_reported(run):
