@@ -341,9 +341,8 @@ def measured_again(limits: Sequence[Limit], violations: list[Violation], offline
                 break
     # what fails is shown with the first pass's values, the pass the summary table and results.json
     # show; a limit only a later pass broke is shown with that pass's value
-    held_first = [v.limit for v in first]
-    return [v for v in first if v.limit in [w.limit for w in violations]] + [
-        v for v in violations if v.limit not in held_first], measured
+    still, broke_first = [v.limit for v in violations], [v.limit for v in first]
+    return ([v for v in first if v.limit in still] + [v for v in violations if v.limit not in broke_first]), measured
 
 
 def check_sweeps(limits: Iterable[Limit], sweeps: Sequence[Sweep]) -> list[Violation]:

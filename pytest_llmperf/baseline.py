@@ -168,6 +168,7 @@ class Row:
     verdict: str
     reason: str = ""
     exact: bool = False  # a deterministic paging metric: measuring again cannot change it
+    passes: int = 1  # passes behind `current`: above 1, it is the best value any of them reached
 
     @property
     def change(self) -> float:
@@ -371,7 +372,7 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
     change = abs(c - b) / abs(b) if b else (math.inf if c != b else 0.0)
 
     def row(verdict: str, reason: str = "") -> Row:
-        return Row(cur.label, metric, b, c, tol, verdict, reason, exact)
+        return Row(cur.label, metric, b, c, tol, verdict, reason, exact, cur.passes)
 
     if (metric not in GATED_BY_DEFAULT and not asked) or (gated_paging and not deterministic):
         # timed arrivals (or a pool sized by the machine's memory) make paging vary run to run: an

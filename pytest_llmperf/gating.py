@@ -224,7 +224,7 @@ def _joined(*parts: str) -> str:
 def failure_text(verdict: Verdict, env: Mapping[str, Any]) -> str:
     lines = [f"llmperf: regression against the stored baseline ({len(verdict.regressions)} metric"
              f"{'s' if len(verdict.regressions) != 1 else ''})", baseline.format_table(verdict)]
-    if any("in every one of" in r.reason for r in verdict.regressions):
+    if any(r.passes > 1 and not r.exact for r in verdict.regressions):
         lines.append("  current: per metric, the best value any pass reached (the summary table and results.json "
                      "show the first pass)")
     old = verdict.environment or {}

@@ -701,7 +701,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         tr.write_line("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     for rec in state.records:
         if rec.limits:
-            shown = [f"{assertions.format_margin(m)}" + (f" [{m['result']}]" if len(rec.results) > 1 else "")
+            shown = [assertions.format_margin(m) + (f" [{m['result']}]" if len(rec.results) > 1 else "")
                      for m in rec.limits]
             tr.write_line(f"  limits of {rec.test}: " + "; ".join(shown))
     gated = baseline_counts(state.records)

@@ -277,6 +277,7 @@ class _Scraper:
         self.rows: list[tuple[float, float, dict[str, float]]] = []  # (sent, answer received, values)
         self.blocks_total = self.block_size = 0
         self.available = interval > 0
+        self._families = need("prometheus_client.parser", "openai").text_string_to_metric_families if self.available else None
 
     async def scrape(self) -> None:
         if not self.available:
@@ -300,10 +301,8 @@ class _Scraper:
                    if sent >= start and received <= end and v.get("running", 0) + v.get("waiting", 0) > 0)
 
     def _parse(self, text: str) -> dict[str, float]:
-        text_string_to_metric_families = need("prometheus_client.parser", "openai").text_string_to_metric_families
-
         values: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
+        for family in self._families(text):
             for sample in family.samples:
                 name = sample.name.removesuffix("_total")
                 if name in self.NAMES:
