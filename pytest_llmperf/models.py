@@ -115,6 +115,15 @@ def model_config(model: ModelSpec) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def stored_name(spec: str) -> str:
+    """The model's name in baselines: a shape or hub id as given, a local folder by its own name only
+    (`local:Llama-3.1-8B`), so that no path of this machine is stored or keys a baseline."""
+    if spec.startswith(SHAPE_PREFIX) or (spec.count("/") == 1 and not spec.startswith(("/", ".", "~"))
+                                         and not Path(spec).expanduser().exists()):
+        return spec
+    return "local:" + Path(spec).expanduser().resolve().name
+
+
 def resolve_model(spec: str, cache_dir: str | None = None) -> ModelSpec:
     """Turn `--llmperf-model` into something an engine can load (no download happens here)."""
     if spec.startswith(SHAPE_PREFIX):

@@ -38,7 +38,8 @@ def host_memory_mib() -> float:
     try:
         import psutil
     except ImportError:
-        raise pytest.UsageError("--llmperf-soak measures host memory with psutil: pip install psutil") from None
+        raise pytest.UsageError("--llmperf-soak measures host memory with psutil: "
+                                "pip install 'pytest-llmperf[soak]'") from None
     procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
     total = 0
     for p in procs:

@@ -69,6 +69,7 @@ def test_a_session_that_uses_the_plugin_claims_a_gpu_per_worker(pytester, monkey
     ("llmperf_warmup=x", "llmperf_warmup='x': choose one of auto, quick, steady"),
     ("llmperf_baseline=strict", "llmperf_baseline='strict': choose one of"),
     ("llmperf_paging=loose", "llmperf_paging='loose': choose one of"),
+    ("llmperf_report=test_a.py", "test_a.py is a file, not a folder"),
 ])
 def test_bad_ini_values_are_usage_errors_naming_the_value(pytester, option, message):
     pytester.makepyfile(test_a="def test_a():\n    pass\n")
@@ -76,3 +77,21 @@ def test_bad_ini_values_are_usage_errors_naming_the_value(pytester, option, mess
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert message in result.stderr.str(), result.stderr.str()
     assert "Traceback" not in result.stderr.str() + result.stdout.str()
+
+
+@pytest.mark.parametrize("limit", ["-5", "nan", "0"])
+def test_a_soak_limit_that_is_not_a_positive_number_is_a_usage_error(pytester, limit):
+    pytester.makepyfile(test_a="def test_a():\n    pass\n")
+    result = pytester.runpytest_inprocess("--llmperf-soak", "2", f"--llmperf-soak-limit-mib={limit}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--llmperf-soak-limit-mib" in result.stderr.str() and "a number above 0" in result.stderr.str()
+
+
+def test_a_local_model_folder_is_stored_by_its_name_never_its_path(tmp_path):
+    from pytest_llmperf.models import stored_name
+
+    folder = tmp_path / "private" / "Llama-3.1-8B"
+    folder.mkdir(parents=True)
+    assert stored_name(str(folder)) == "local:Llama-3.1-8B" and str(tmp_path) not in stored_name(str(folder))
+    assert stored_name("shape:llama-3.1-8b") == "shape:llama-3.1-8b"
+    assert stored_name("meta-llama/Llama-3.1-8B") == "meta-llama/Llama-3.1-8B"
