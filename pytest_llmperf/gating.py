@@ -108,7 +108,15 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
     if cfg.mode == "off" or not perf.results:
         return None
     path = baseline.path_for(cfg.root, test_id, cfg.hardware, cfg.model)
-    current = entries(perf)
+    # a result whose engine died during its run (a test that caught the error) is never a baseline and
+    # never compared: its label stays uncompared, which --llmperf-baseline=require reports
+    partial = {_label(r, i) for i, r in enumerate(perf.results) if r.partial}
+    current = [e for e in entries(perf) if e.label not in partial]
+    if cfg.mode == "update" and partial:
+        raise BaselineError(f"result {', '.join(map(repr, sorted(partial)))} is partial (its engine died during the "
+                            f"run); nothing written to {path}")
+    if not current:
+        return None
     if cfg.mode == "update":
         try:
             current = _recorded(perf, current, cfg.retries)

@@ -8,6 +8,7 @@ the test body records results through the `llmperf` fixture (fixtures.py), and t
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import signal
@@ -38,7 +39,7 @@ from .fixtures import (  # noqa: F401 - pytest finds a plugin's fixtures in its 
     vllm_server,
 )
 from .gpu import KNOWN_CLASSES, GpuError, GpuInfo, assign_device, detect, device_count, memory_used, wait_for_release
-from .models import DEFAULT_MODEL
+from .models import DEFAULT_MODEL, stored_name
 from .paging_timeline import Timeline, divergence_step
 from .report import HEADLINE, TestRecord, baseline_counts, cell, result_name, result_record
 from .report import write as write_report
@@ -180,9 +181,10 @@ def pytest_configure(config: pytest.Config) -> None:
         hardware=hardware,
         gpu=None,  # claimed by _activate, once the session uses the plugin
         gate=gating.GateConfig(mode, root if root.is_absolute() else config.rootpath / root,
-                               tolerance, hardware, model_spec, retries, tolerances, _update_args(config, model_spec),
+                               tolerance, hardware, stored_name(model_spec), retries, tolerances,
+                               _update_args(config, model_spec),
                                paging),
-        report_dir=Path(_option(config, "report")) if _option(config, "report") else None,
+        report_dir=_report_dir(_option(config, "report")),
         pool=EnginePool(),
         retries=retries,
         warmup=_warmup_option(config),
@@ -195,11 +197,32 @@ def pytest_configure(config: pytest.Config) -> None:
     rounds = config.getoption("--llmperf-soak")
     if rounds < 1:
         raise pytest.UsageError(f"--llmperf-soak={rounds}: give the number of rounds, 2 or more (1 is a plain run)")
+    limit_mib = config.getoption("--llmperf-soak-limit-mib")
+    if not math.isfinite(limit_mib) or limit_mib <= 0:
+        raise pytest.UsageError(f"--llmperf-soak-limit-mib={limit_mib}: give the memory growth allowed between "
+                                "rounds in MiB, a number above 0 (e.g. 256)")
     if rounds > 1:
+        soak.host_memory_mib()  # psutil missing: a usage error now, not at every test's setup
         _activate(config)
         gpu_index = config.stash[SESSION].gpu.index if config.stash[SESSION].gpu else None
-        config.pluginmanager.register(soak.Soak(rounds, config.getoption("--llmperf-soak-limit-mib"), gpu_index),
+        config.pluginmanager.register(soak.Soak(rounds, limit_mib, gpu_index),
                                       "llmperf-soak")
+
+
+def _report_dir(given: str | None) -> Path | None:
+    """The report folder, checked at start: a session must not measure for an hour and then find that
+    its report cannot be written."""
+    if not given:
+        return None
+    folder = Path(given)
+    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise pytest.UsageError(f"--llmperf-report/llmperf_report={given!r}: {existing} is a file, not a folder; "
+                                "give a folder to write results.json and summary.md into")
+    if not os.access(existing, os.W_OK):
+        raise pytest.UsageError(f"--llmperf-report/llmperf_report={given!r}: {existing} is not writable; give a "
+                                "folder this user can write")
+    return folder
 
 
 _ACTIVE = pytest.StashKey[bool]()
@@ -450,15 +473,17 @@ def _check_server(item: pytest.Item) -> None:
     after; a death that already failed the test it happened in restarts it silently."""
     state = item.config.stash[SESSION]
     server = state.server
-    if server is None or server.alive or "vllm_server" not in getattr(item, "fixturenames", ()):
+    if server is None or "vllm_server" not in getattr(item, "fixturenames", ()):
+        return
+    reason = server.down_reason()
+    if reason is None:
         return
     if server.pid in state.server_deaths_reported:
         server.restart()
         return
     state.server_deaths_reported.add(server.pid)
-    pytest.fail(f"llmperf: vllm serve (pid {server.pid}) exited with code {server.returncode} since the previous "
-                f"test; it is restarted for the next test. Its log ({server.log_path}) ends:\n{server.log_tail(15)}",
-                pytrace=False)
+    pytest.fail(f"llmperf: vllm serve (pid {server.pid}) {reason} since the previous test; it is restarted for the "
+                f"next test. Its log ({server.log_path}) ends:\n{server.log_tail(15)}", pytrace=False)
 
 
 def _skip_other_hardware(item: pytest.Item) -> None:
@@ -589,7 +614,7 @@ def _judge_report(item: pytest.Item, report: pytest.TestReport) -> None:
             report.longrepr, report.llmperf_failed = judged
     if server is not None and report.failed:
         report.sections.append(("vllm serve log (last lines)", server.log_tail()))
-        if not server.alive:  # it died during this test, which says so: the next test gets a fresh one
+        if server.down_reason() is not None:  # it died during this test, which says so: the next test gets a fresh one
             item.config.stash[SESSION].server_deaths_reported.add(server.pid)
     if perf is not None and perf.results:
         state = item.config.stash[SESSION]
@@ -719,6 +744,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     tr.write_line(f"engines started: {state.pool.starts}; hardware class: {state.hardware}; model: {state.model_spec}")
     tr.write_line(state.pool.times.line(state.pool.starts))
     if state.report_dir is not None and not hasattr(config, "workerinput"):  # xdist: the controller writes
-        paths = write_report(state.report_dir, state.records, state.describe())
-        tr.write_line("llmperf report: " + ", ".join(str(p) for p in paths))
+        try:
+            paths = write_report(state.report_dir, state.records, state.describe())
+        except OSError as e:  # the folder went away or filled up since the start: say so, keep pytest's summary
+            tr.write_line(f"llmperf report: not written to {state.report_dir} ({e})", red=True)
+        else:
+            tr.write_line("llmperf report: " + ", ".join(str(p) for p in paths))
 

@@ -69,15 +69,20 @@ class LLMPerf:
         engine.check_fits(workload)
         traces: list[RunTrace] = []
         passes = 0
+        measuring = False
         try:
             if mode is not None:
                 with self.times.timed("warm-up"):
                     passes = self._warm_up(engine, workload, mode)
+            measuring = True
             for i in range(repeats):
                 traces.append(self._measured(engine, workload, salt=i))
-        except BaseException:
+        except BaseException as e:
             if self.on_broken is not None:
                 self.on_broken(engine)
+            died = getattr(e, "trace", None)  # the measured pass an engine died in: its failed requests count
+            if measuring and died is not None:
+                traces.append(died)
             if traces:  # what was measured before the crash is reported, marked partial, never a pass
                 self._keep_result(summarize(traces, workload.hash, len(workload), label=label, partial=True),
                                   engine, workload)

@@ -17,7 +17,11 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self):
-        if self.path.endswith("/models"):
+        if self.path.endswith("/health") and self.server.health is not None:
+            self.send_response(self.server.health)  # 503: vLLM's answer once its engine core is dead
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif self.path.endswith("/models"):
             self._json({"data": [{"id": "fake", "max_model_len": 2048}]})
         else:
             self.send_error(404)
@@ -53,11 +57,13 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class FakeServer:
-    """`faults` maps a prompt length to "500", "cut" or "slow"; every other request succeeds."""
+    """`faults` maps a prompt length to "500", "cut" or "slow"; every other request succeeds. `/health`
+    answers 404 (a server without one) until `health` is set to a status."""
 
     def __init__(self, faults: dict[int, str]):
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.httpd.faults = faults
+        self.httpd.health = None
         self.httpd.auth = []
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
@@ -65,6 +71,9 @@ class FakeServer:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def set_health(self, status: int | None) -> None:
+        self.httpd.health = status
 
     @property
     def auth_headers(self) -> list:

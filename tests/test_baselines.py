@@ -528,3 +528,30 @@ def test_update_records_a_test_that_used_two_engines(pytester):
     # than 10% when other tests shared the two cores)
     pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-baseline=require",
                                  "--llmperf-tolerance=100").assert_outcomes(passed=1)
+
+
+def test_a_run_whose_engine_died_is_kept_partial_and_never_becomes_a_baseline(tmp_path):
+    """A FAKE engine (plugin mechanics) dies in its second pass the way the vLLM adapter reports it: an
+    EngineError carrying what the pass measured. The result is kept, partial, with its failed requests
+    counted; in a test that caught the error it is never written as a baseline, nor compared."""
+    from fake_engine import WORKLOAD, FakeWarmingEngine
+
+    from pytest_llmperf.engines.base import EngineError
+    from pytest_llmperf.gating import GateConfig, gate
+    from pytest_llmperf.runner import LLMPerf
+    from pytest_llmperf.trace import RunTrace, SequenceTrace
+
+    dead = RunTrace("fake", tuple(SequenceTrace(i, 0, r.prompt_len, r.output_len, 0.0, (), "EngineDeadError")
+                                  for i, r in enumerate(WORKLOAD.requests)), 0.0, 1.0)
+    engine, broken = FakeWarmingEngine([1.0, EngineError("the engine core died during this run", trace=dead)]), []
+    perf = LLMPerf(on_broken=broken.append)
+    perf.run(FakeWarmingEngine([1.0]), WORKLOAD, warmup=False)  # result '0', whole
+    with pytest.raises(EngineError, match="died during this run"):
+        perf.run(engine, WORKLOAD, repeats=2, warmup=False)  # result '1', its second pass died
+    kept = perf.results[-1]
+    assert kept.partial and kept.failed == len(WORKLOAD) and broken == [engine]
+    with pytest.raises(BaselineError, match=r"result '1' is partial \(its engine died during the run\); nothing written"):
+        gate("t", perf, GateConfig("update", tmp_path, 0.10, "cpu", "m", 2), {}, {})
+    assert not list(tmp_path.rglob("*.json"))
+    verdict = gate("t", perf, GateConfig("compare", tmp_path, 0.10, "cpu", "m", 2), {}, {})
+    assert verdict.labels == {"0": baseline.NO_BASELINE}  # '1' is not even looked up

@@ -3,8 +3,10 @@ and /metrics paging, and against a fake server for fault handling (refused, 5xx,
 
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -53,6 +55,37 @@ def test_a_server_that_went_away_fails_the_next_run_in_seconds(openai_engine_fac
     with pytest.raises(EngineError, match=r"the server at http://127.0.0.1:\d+ is not answering \(ConnectError"):
         llmperf.run(engine, WORKLOAD, warmup=False)
     assert time.monotonic() - t < 10 and not engine.alive  # the pool asks afresh next time
+
+
+# a timed workload: 24 requests arriving over about 12 s, so that a server lost early leaves most unsent
+TIMED = Workload.poisson(qps=2, n=24, prompt_len=(16, 64), output_len=(4, 8), seed=5)
+
+
+@pytest.mark.parametrize("fault", ["engine dead (HTTP 503)", "process gone"])
+def test_a_server_lost_during_a_timed_run_fails_it_in_seconds(openai_engine_factory, llmperf, fault):
+    """The fake server (plugin mechanics) loses its engine (/health answers 503, as vLLM's does) or its
+    whole process during a Poisson run: the run fails within seconds with the cause, requests not yet
+    sent are not sent, and what was measured is kept, partial."""
+    server = FakeServer({})
+    server.set_health(200)
+    engine = openai_engine_factory(base_url=server.base_url, vocab_size=1000)
+    lose = (lambda: server.set_health(503)) if "503" in fault else server.stop
+    threading.Timer(1.5, lose).start()
+    t = time.monotonic()
+    try:
+        with pytest.raises(EngineError, match=r"the server at http://127.0.0.1:\d+ (answers .*/health with HTTP 503|"
+                                              r"stopped answering) .*during this run: \d+ of 24 sequences failed or "
+                                              r"were not sent"):
+            llmperf.run(engine, TIMED, warmup=False)
+        took = time.monotonic() - t
+    finally:
+        server.stop()
+    print(f"{fault}: the run failed {took:.1f} s after it started, the fault at 1.5 s")
+    assert took < 1.5 + 5 and not engine.alive  # the schedule alone would take about 12 s
+    kept = llmperf.results[-1]
+    assert kept.partial and kept.failed >= 12
+    assert any("not sent: the server went down" in e for e in kept.errors)
+    llmperf.results.clear()  # the failure was the point here
 
 
 def test_failed_requests_fail_the_test_unless_allowed(pytester):
@@ -172,6 +205,7 @@ def test_chat_and_text_prompts_through_the_shape_tokenizer(served, openai_engine
 SERVER_KILLED = """
 import os, signal, threading, time
 
+import psutil
 import pytest
 from pytest_llmperf import Workload
 
@@ -214,6 +248,23 @@ def test_d_killed_mid_run(vllm_server, openai_engine_factory, llmperf):
 
 def test_e_after(vllm_server, openai_engine_factory, llmperf):
     assert llmperf.run(openai_engine_factory(base_url=vllm_server.base_url), W, warmup=False).failed == 0
+
+
+def test_f_engine_core_killed(vllm_server, openai_engine_factory, llmperf):
+    # the OOM killer's usual victim: the engine core alone, while vllm serve's API process lives on
+    assert llmperf.run(openai_engine_factory(base_url=vllm_server.base_url), W, warmup=False).failed == 0
+    core = psutil.Process(vllm_server.pid).children(recursive=True)
+    for p in core:
+        p.kill()
+    psutil.wait_procs(core, timeout=10)
+
+
+def test_g_next(vllm_server, openai_engine_factory, llmperf):
+    pass  # fails at setup: its engine core died since the previous test
+
+
+def test_h_after(vllm_server, openai_engine_factory, llmperf):
+    assert llmperf.run(openai_engine_factory(base_url=vllm_server.base_url), W, warmup=False).failed == 0
 """
 
 
@@ -224,11 +275,16 @@ def test_vllm_serve_killed_between_tests_and_mid_run_fails_fast_and_is_restarted
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-rA",
                            "--durations=0", "-vv", "test_k.py"], cwd=pytester.path, capture_output=True, text=True, timeout=900)
     out = proc.stdout
-    assert "3 passed" in out and "1 failed" in out and "1 error" in out, out[-4000:]
+    assert "5 passed" in out and "1 failed" in out and "2 errors" in out, out[-4000:]
     assert "ERROR test_k.py::test_b_next - Failed: llmperf: vllm serve (pid" in out
     assert "exited with code -9 since the previous test; it is restarted for the next test" in out
-    assert "FAILED test_k.py::test_d_killed_mid_run" in out and "error_rate" in out
+    # the engine core alone: its API process still runs (answering 503) or its watchdog just ended it
+    assert "ERROR test_k.py::test_g_next - Failed: llmperf: vllm serve (pid" in out
+    assert re.search(r"test_g_next - Failed: llmperf: vllm serve \(pid \d+\) (was running but|exited with code)", out)
+    assert "FAILED test_k.py::test_d_killed_mid_run" in out and "during this run" in out
     mid_run = float((pytester.path / "mid_run_s").read_text())
-    setup_b = next(float(line.split("s")[0]) for line in out.splitlines() if line.endswith("setup    test_k.py::test_b_next"))
-    print(f"time to failure: killed between tests {setup_b:.2f} s, killed mid-run {mid_run:.1f} s")
-    assert setup_b < 5 and mid_run < 30
+    setup_b, setup_g = (next(float(line.split("s")[0]) for line in out.splitlines()
+                             if line.endswith(f"setup    test_k.py::{name}")) for name in ("test_b_next", "test_g_next"))
+    print(f"time to failure: killed between tests {setup_b:.2f} s, killed mid-run {mid_run:.1f} s, "
+          f"engine core alone killed between tests {setup_g:.2f} s")
+    assert setup_b < 5 and mid_run < 30 and setup_g < 30

@@ -37,7 +37,12 @@ async def wait_for_turn(request: Request, start: float, slots: asyncio.Semaphore
 
 
 class EngineError(RuntimeError):
-    """An engine could not start or could not run: the message says what to do next."""
+    """An engine could not start or could not run: the message says what to do next. `trace` is what
+    a run measured before its engine died (its failed requests counted), kept for the reports."""
+
+    def __init__(self, message: str, trace: RunTrace | None = None) -> None:
+        super().__init__(message)
+        self.trace = trace
 
 
 def need(module: str, extra: str) -> Any:

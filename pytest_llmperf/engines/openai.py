@@ -18,7 +18,6 @@ the key nor its value is stored in the configuration, reports or baselines.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import time
@@ -31,6 +30,8 @@ from ..workload import Workload
 from .base import Engine, EngineError, need, wait_for_turn
 
 HEALTH_TIMEOUT_S = 5.0  # a server that cannot answer /health this fast is not running a workload either
+HEALTH_POLL_S = 1.0  # /health is asked this often during a run: a server gone is noticed in seconds
+DOWN_GRACE_S = 5.0  # requests in flight when the server went down get this long to end on their own
 
 DEFAULTS: dict[str, Any] = {
     "base_url": None,  # e.g. http://127.0.0.1:8000/v1
@@ -122,52 +123,81 @@ class OpenAIEngine(Engine):
     def run(self, workload: Workload, salt: int = 0) -> RunTrace:
         self.check_fits(workload)
         self._check_health()
-        trace = asyncio.run(self._run(workload, salt))
-        if any(s.error for s in trace.sequences):
-            with contextlib.suppress(EngineError):
-                self._check_health()  # failed requests of a server that went away: the next test asks afresh
+        trace, down = asyncio.run(self._run(workload, salt))
+        if down is None and any(s.error for s in trace.sequences):
+            down = self._health_problem()  # failed requests of a server that went away as the run ended
+        if down is not None:
+            # a run of a server that went down fails its test whatever max_error_rate allows, and is
+            # never a baseline; its trace (failed and unsent requests counted) is kept for the reports
+            self.alive = False
+            failed = sum(1 for s in trace.sequences if s.error)
+            raise EngineError(f"the server at {self._root()} {down} during this run: {failed} of "
+                              f"{len(trace.sequences)} sequences failed or were not sent; its log names the cause "
+                              "(the vllm_server fixture restarts its own for the next test)", trace=trace)
         return trace
 
     def _check_health(self) -> None:
         """Fails in seconds when the server is gone (its process killed, the port closed), instead of
         sending a whole workload into refused connections. A server without /health is asked nothing."""
-        url = self._root() + "/health"
-        try:
-            status = self._httpx.get(url, headers=self._headers(), timeout=HEALTH_TIMEOUT_S).status_code
-        except self._httpx.HTTPError as e:
-            problem = f"is not answering ({type(e).__name__}: {e})"
-        else:
-            if status < 500:  # 200, or 404 from a server without /health
-                return
-            problem = f"answers {url} with HTTP {status} (vLLM says so when its engine is dead)"
-        self.alive = False
-        raise EngineError(f"the server at {self._root()} {problem}: it is down or was killed; its log names the "
-                          "cause (the vllm_server fixture restarts its own for the next test)")
+        problem = self._health_problem()
+        if problem is not None:
+            self.alive = False
+            raise EngineError(f"the server at {self._root()} {problem}: it is down or was killed; its log names the "
+                              "cause (the vllm_server fixture restarts its own for the next test)")
 
-    async def _run(self, workload: Workload, salt: int) -> RunTrace:
+    def _health_problem(self) -> str | None:
+        try:
+            status = self._httpx.get(self._root() + "/health", headers=self._headers(),
+                                     timeout=HEALTH_TIMEOUT_S).status_code
+        except self._httpx.HTTPError as e:
+            return f"is not answering ({type(e).__name__}: {e})"
+        return _health_verdict(status, self._root())
+
+    async def _watch_health(self, client: Any, down: asyncio.Event, found: list[str]) -> None:
+        """Asks /health every HEALTH_POLL_S while the run lasts; the first problem stops the run."""
+        while True:
+            await asyncio.sleep(HEALTH_POLL_S)
+            try:
+                problem = _health_verdict((await client.get(self._root() + "/health",
+                                                            timeout=HEALTH_TIMEOUT_S)).status_code, self._root())
+            except self._httpx.HTTPError as e:
+                problem = f"stopped answering ({type(e).__name__}: {e})"
+            if problem is not None:
+                found.append(problem)
+                down.set()
+                return
+
+    async def _run(self, workload: Workload, salt: int) -> tuple[RunTrace, str | None]:
         httpx = self._httpx
-        limits = httpx.Limits(max_connections=self._cfg["max_connections"],
-                              max_keepalive_connections=self._cfg["max_connections"])
+        limits = httpx.Limits(max_connections=self._cfg["max_connections"] + 1,  # one for /health
+                              max_keepalive_connections=self._cfg["max_connections"] + 1)
         timeout = httpx.Timeout(self._cfg["request_timeout_s"], connect=10.0)
+        down, found = asyncio.Event(), []
         async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=self._headers()) as client:
             scraper = _Scraper(client, self._metrics_url, self._cfg["metrics_interval_s"])
             await scraper.scrape()
             scraping = asyncio.create_task(scraper.loop())
+            watching = asyncio.create_task(self._watch_health(client, down, found))
             start = time.perf_counter()
             slots = asyncio.Semaphore(workload.concurrency) if workload.concurrency else None
-            results = await asyncio.gather(*(self._one(client, workload, i, salt, start, slots)
-                                             for i in range(len(workload.requests))))
+            tasks = [asyncio.create_task(self._one(client, workload, i, salt, start, slots, down))
+                     for i in range(len(workload.requests))]
+            await _until_done_or_down(tasks, down)
+            results = [t.result() for t in tasks]
             end = time.perf_counter()
             scraping.cancel()
-            await scraper.scrape()
+            watching.cancel()
+            if not down.is_set():
+                await scraper.scrape()
         sequences = tuple(s for seqs in results for s in seqs)
         kv = scraper.samples()
         during = scraper.scrapes_within(start, end)
         # a busy server can answer every scrape only after the run, when its usage gauge reads 0 again:
         # then usage was not measured (counters are cumulative and stay right)
         measures = (KV_MEASURES if during else KV_MEASURES - {"usage"}) if kv else frozenset()
-        return RunTrace("openai", sequences, start, end, kv, kv_measures=measures,
-                        extra={"server_version": self.version, "metrics_scrapes_during_run": during})
+        trace = RunTrace("openai", sequences, start, end, kv, kv_measures=measures,
+                         extra={"server_version": self.version, "metrics_scrapes_during_run": during})
+        return trace, (found[0] if found else None)
 
     def _payload(self, workload: Workload, i: int, salt: int) -> dict[str, Any]:
         req = workload.requests[i]
@@ -186,12 +216,31 @@ class OpenAIEngine(Engine):
         return body
 
     async def _one(self, client: Any, workload: Workload, i: int, salt: int, start: float,
-                   slots: asyncio.Semaphore | None) -> list[SequenceTrace]:
+                   slots: asyncio.Semaphore | None, down: asyncio.Event) -> list[SequenceTrace]:
         req = workload.requests[i]
-        await wait_for_turn(req, start, slots)
-        path = "/chat/completions" if self._cfg["endpoint"] == "chat" else "/completions"
         stream = _Stream(req.n)
+        sent = False
         submit = time.perf_counter()
+        try:
+            sent = await _turn_unless_down(req, start, slots, down)
+            submit = time.perf_counter()
+            if not sent:
+                stream.error = "not sent: the server went down during the run"
+            else:
+                await self._stream(client, workload, i, salt, stream)
+        except asyncio.CancelledError:
+            if not down.is_set():
+                raise
+            stream.error = f"cut: the server went down and this request did not end within {DOWN_GRACE_S:.0f} s"
+        finally:
+            if slots is not None and sent:
+                slots.release()
+        prompt_len = stream.prompt_tokens or req.prompt_len
+        return [SequenceTrace(i, k, prompt_len, req.output_len, submit, tuple(stream.chunks_of(k)), stream.error)
+                for k in range(req.n)]
+
+    async def _stream(self, client: Any, workload: Workload, i: int, salt: int, stream: _Stream) -> None:
+        path = "/chat/completions" if self._cfg["endpoint"] == "chat" else "/completions"
         try:
             async with client.stream("POST", self._cfg["base_url"] + path, json=self._payload(workload, i, salt)) as r:
                 if r.status_code >= 400:
@@ -208,12 +257,44 @@ class OpenAIEngine(Engine):
             stream.error = f"connection refused: {e}"
         except self._httpx.HTTPError as e:
             stream.error = f"{type(e).__name__}: {e}"
-        finally:
-            if slots is not None:
-                slots.release()
-        prompt_len = stream.prompt_tokens or req.prompt_len
-        return [SequenceTrace(i, k, prompt_len, req.output_len, submit, tuple(stream.chunks_of(k)), stream.error)
-                for k in range(req.n)]
+
+
+def _health_verdict(status: int, root: str) -> str | None:
+    """None for a healthy answer (200, or 404 from a server without /health); else what is wrong."""
+    if status < 500:
+        return None
+    return f"answers {root}/health with HTTP {status} (vLLM says so when its engine is dead)"
+
+
+async def _turn_unless_down(req: Any, start: float, slots: asyncio.Semaphore | None, down: asyncio.Event) -> bool:
+    """Waits for the request's turn as `wait_for_turn` does, but gives up as soon as the server is down
+    (a timed workload would otherwise send into a dead server until its schedule ends). True: send it."""
+    turn = asyncio.ensure_future(wait_for_turn(req, start, slots))
+    stop = asyncio.ensure_future(down.wait())
+    await asyncio.wait({turn, stop}, return_when=asyncio.FIRST_COMPLETED)
+    stop.cancel()
+    if turn.done() and not down.is_set():
+        return True
+    turn.cancel()
+    if turn.done() and not turn.cancelled() and slots is not None:
+        slots.release()  # it took a slot just as the server went down
+    return False
+
+
+async def _until_done_or_down(tasks: list[asyncio.Task[Any]], down: asyncio.Event) -> None:
+    """Every request's end; once the server is down, DOWN_GRACE_S more, then the rest are cut."""
+    everything = asyncio.gather(*tasks, return_exceptions=True)
+    stop = asyncio.ensure_future(down.wait())
+    await asyncio.wait({everything, stop}, return_when=asyncio.FIRST_COMPLETED)
+    stop.cancel()
+    if not everything.done():
+        await asyncio.wait({everything}, timeout=DOWN_GRACE_S)
+        for t in tasks:
+            t.cancel()
+        await asyncio.wait({everything})
+    for t in tasks:
+        if t.done() and not t.cancelled() and t.exception() is not None:
+            raise t.exception()
 
 
 class _Stream:

@@ -372,9 +372,9 @@ class VLLMEngine(Engine):
             if dead_since is not None and now - dead_since > DEAD_GRACE_S:
                 future.cancel()
                 self.alive = False
-                raise EngineError("the vLLM engine core died (EngineDeadError) during this run; its log above names "
-                                  "the cause (often the OOM killer or a GPU fault); the engine is restarted for the "
-                                  "next test")
+                raise EngineError("the vLLM engine core died (EngineDeadError) during this run and its requests did "
+                                  f"not end within {DEAD_GRACE_S:.0f} s; its log above names the cause (often the OOM "
+                                  "killer or a GPU fault); the engine is restarted for the next test")
             if deadline is not None and now > deadline:
                 future.cancel()
                 self.alive = False  # requests may still be in flight: the next test gets a fresh engine
@@ -401,9 +401,17 @@ class VLLMEngine(Engine):
             self._clock.forget()
         start, sequences = self._call(self._drive(workload, salt, self._runs))
         end = time.perf_counter()
-        # an engine core that died mid-run took this run's samples with it (vllm_sampler.py): not measured
-        kv, recorder_s = self._read_recorder() if self.alive else ((), None)
         extra = {"vllm_version": self.version}
+        if not self.alive or self._dead():
+            # its requests ended with EngineDeadError: a run of a dead engine fails its test whatever
+            # max_error_rate allows, and is never a baseline; the engine core took its samples with it
+            self.alive = False
+            trace = RunTrace("vllm", tuple(sequences), start, end, (), kv_measures=frozenset(), extra=extra)
+            failed = sum(1 for s in sequences if s.error)
+            raise EngineError(f"the vLLM engine core died (EngineDeadError) during this run: {failed} of "
+                              f"{len(sequences)} sequences failed; its log above names the cause (often the OOM "
+                              "killer or a GPU fault); the engine is restarted for the next test", trace=trace)
+        kv, recorder_s = self._read_recorder()
         if recorder_s is not None:
             extra["recorder_s"] = recorder_s  # the recorder's own time in the engine core this run
         return RunTrace("vllm", tuple(sequences), start, end, kv, kv_measures=KV_MEASURES if kv else frozenset(),

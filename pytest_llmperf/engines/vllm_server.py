@@ -100,6 +100,24 @@ class VLLMServer:
     def alive(self) -> bool:
         return self._proc.poll() is None
 
+    def down_reason(self) -> str | None:
+        """Why this server cannot serve the next test, or None. An engine core that died (the OOM
+        killer's usual victim) leaves the API process running for a few seconds, answering /health
+        with 503: such a server is stopped here, so that it is replaced rather than asked again."""
+        if self._proc.poll() is not None:
+            return f"exited with code {self._proc.returncode}"
+        httpx = need("httpx", "openai")
+        try:
+            status = httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code
+        except httpx.HTTPError as e:
+            reason = f"was running but not answering /health ({type(e).__name__})"
+        else:
+            if status < 500:
+                return None
+            reason = f"was running but answered /health with HTTP {status} (its engine core died)"
+        self.stop()
+        return reason
+
     def _wait_ready(self, timeout_s: float) -> None:
         httpx = need("httpx", "openai")
 
