@@ -95,3 +95,15 @@ def test_a_local_model_folder_is_stored_by_its_name_never_its_path(tmp_path):
     assert stored_name(str(folder)) == "local:Llama-3.1-8B" and str(tmp_path) not in stored_name(str(folder))
     assert stored_name("shape:llama-3.1-8b") == "shape:llama-3.1-8b"
     assert stored_name("meta-llama/Llama-3.1-8B") == "meta-llama/Llama-3.1-8B"
+
+
+def test_the_header_says_what_will_be_judged_before_anything_starts(pytester):
+    pytester.makepyfile(test_a="def test_a():\n    pass\n")
+    (pytester.path / "baselines" / "h200" / "shape_tiny-llama").mkdir(parents=True)
+    (pytester.path / "baselines" / "h200" / "shape_tiny-llama" / "t.json").write_text("{}")
+    empty = pytester.runpytest_inprocess("--llmperf-hardware=a100", "--llmperf-engine=hf", "--llmperf-baseline=require")
+    empty.stdout.fnmatch_lines(["llmperf: engine hf, model shape:tiny-llama, hardware a100, baseline require: 0 stored "
+                                "in baselines/a100/shape_tiny-llama/ (classes stored: h200)"])
+    found = pytester.runpytest_inprocess("--llmperf-hardware=h200", "--llmperf-engine=hf")
+    found.stdout.fnmatch_lines(["llmperf: engine hf, model shape:tiny-llama, hardware h200, baseline compare: 1 stored "
+                                "in baselines/h200/shape_tiny-llama/"])
