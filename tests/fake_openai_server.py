@@ -18,6 +18,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path.endswith("/health") and self.server.health is not None:
+            self.server.health_calls += 1
+            if self.server.health_calls > 1 and self.server.slow_health > 0:  # too busy to answer at once
+                self.server.slow_health -= 1
+                time.sleep(0.5)
             self.send_response(self.server.health)  # 503: vLLM's answer once its engine core is dead
             self.send_header("Content-Length", "0")
             self.end_headers()
@@ -64,6 +68,8 @@ class FakeServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.httpd.faults = faults
         self.httpd.health = None
+        self.httpd.slow_health = 0  # this many /health answers after the first take 0.5 s
+        self.httpd.health_calls = 0
         self.httpd.auth = []
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
@@ -72,8 +78,8 @@ class FakeServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
 
-    def set_health(self, status: int | None) -> None:
-        self.httpd.health = status
+    def set_health(self, status: int | None, slow: int = 0) -> None:
+        self.httpd.health, self.httpd.slow_health, self.httpd.health_calls = status, slow, 0
 
     @property
     def auth_headers(self) -> list:

@@ -88,6 +88,30 @@ def test_a_server_lost_during_a_timed_run_fails_it_in_seconds(openai_engine_fact
     llmperf.results.clear()  # the failure was the point here
 
 
+@pytest.mark.parametrize("slow", [2, 1000])
+def test_slow_health_answers_stop_a_run_only_when_they_persist(openai_engine_factory, llmperf, monkeypatch, slow):
+    """The fake server (plugin mechanics) answers /health later than the engine waits during a run
+    (the check before it is answered at once): twice (a busy server) leaves the run alone; every time
+    stops it after three in a row."""
+    from pytest_llmperf.engines import openai
+
+    monkeypatch.setattr(openai, "HEALTH_TIMEOUT_S", 0.2)
+    server = FakeServer({})
+    server.set_health(200)
+    engine = openai_engine_factory(base_url=server.base_url, vocab_size=1000)
+    server.set_health(200, slow=slow)
+    w = Workload.poisson(qps=4, n=24, prompt_len=(16, 64), output_len=(4, 8), seed=6)  # about 6 s
+    try:
+        if slow == 2:
+            assert llmperf.run(engine, w, warmup=False).failed == 0
+        else:
+            with pytest.raises(EngineError, match=r"did not answer /health within 0 s 3 times in a row during this run"):
+                llmperf.run(engine, w, warmup=False)
+            llmperf.results.clear()  # the failure was the point here
+    finally:
+        server.stop()
+
+
 def test_failed_requests_fail_the_test_unless_allowed(pytester):
     pytester.makeconftest(f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})")
     pytester.makepyfile(test_e="""

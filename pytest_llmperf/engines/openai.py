@@ -32,6 +32,7 @@ from .base import Engine, EngineError, need, wait_for_turn
 HEALTH_TIMEOUT_S = 5.0  # a server that cannot answer /health this fast is not running a workload either
 HEALTH_POLL_S = 1.0  # /health is asked this often during a run: a server gone is noticed in seconds
 DOWN_GRACE_S = 5.0  # requests in flight when the server went down get this long to end on their own
+SLOW_HEALTH_LIMIT = 3  # /health timeouts in a row (each HEALTH_TIMEOUT_S) that count as a server gone
 
 DEFAULTS: dict[str, Any] = {
     "base_url": None,  # e.g. http://127.0.0.1:8000/v1
@@ -154,12 +155,20 @@ class OpenAIEngine(Engine):
         return _health_verdict(status, self._root())
 
     async def _watch_health(self, client: Any, down: asyncio.Event, found: list[str]) -> None:
-        """Asks /health every HEALTH_POLL_S while the run lasts; the first problem stops the run."""
+        """Asks /health every HEALTH_POLL_S while the run lasts. A refused connection or a 5xx stops the
+        run at once; a slow answer only after SLOW_HEALTH_LIMIT in a row (a server busy with the run may
+        answer late: that alone is no reason to throw a measurement away)."""
+        slow = 0
         while True:
             await asyncio.sleep(HEALTH_POLL_S)
             try:
                 problem = _health_verdict((await client.get(self._root() + "/health",
                                                             timeout=HEALTH_TIMEOUT_S)).status_code, self._root())
+                slow = 0
+            except self._httpx.TimeoutException:
+                slow += 1
+                problem = (f"did not answer /health within {HEALTH_TIMEOUT_S:.0f} s {slow} times in a row"
+                           if slow >= SLOW_HEALTH_LIMIT else None)
             except self._httpx.HTTPError as e:
                 problem = f"stopped answering ({type(e).__name__}: {e})"
             if problem is not None:
