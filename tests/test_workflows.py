@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # that runner, saying how to record them; an entry must go once its file exists (the test checks both).
 NOT_YET_RECORDED = {
     # the recording on the lent H200 ran out of device time: transformers' 8B shape took minutes to start
-    # (random weights made on the CPU, now made on the GPU) and the test did not finish within one call
+    # (random weights made on the CPU, now made on the GPU) and its steady warm-up takes about 100 s a start,
+    # so the recording did not fit one 10-minute device run (docs/gpu-validation.md, 2026-12-03)
     "h200": {"perf_tests/test_paging.py::test_paged_kv_wastes_far_less_than_a_contiguous_cache"},
 }
 
