@@ -6,7 +6,7 @@ a scheduler change that leaves them alone still moves a step. Stored per result:
 
 - `steps`: one line, every step's `running/waiting/blocks in use`, run-length encoded (`16/0/240*3`),
 - `events`: one line per step that admitted or preempted requests, by workload index
-  (`s37 r16 w0 b240 +12-15 -7`): the part a reviewer reads in a pull-request diff,
+  (`s37 r16 w0 b240 +12..15 -7`): the part a reviewer reads in a pull-request diff,
 - `hash`: of both, so that an unchanged timeline compares in one string.
 
 `first_divergence` names the first step at which two timelines differ and what each side did there.
@@ -99,7 +99,16 @@ def _overall(old: Timeline, new: Timeline) -> str:
     parts = [f"{len(old.steps)} -> {len(new.steps)} steps", f"{old.preemptions} -> {new.preemptions} preemptions"]
     if first[0] != first[1]:
         parts.append(f"first preemption at step {_step(first[0])} -> {_step(first[1])}")
+    moved = len(_preemption_events(old) - _preemption_events(new))
+    if moved:  # the count alone hides preemptions that happened at other steps or to other requests
+        parts.append(f"{moved} of the baseline's preemptions at another step or of another request")
     return ", ".join(parts)
+
+
+def _preemption_events(t: Timeline) -> set[tuple[int, str, int]]:
+    """(step, request, n-th preemption of it at that step): a request preempted twice at one step counts twice."""
+    return {(i, name, k) for i, s in enumerate(t.steps) for name in set(s.preempted)
+            for k in range(s.preempted.count(name))}
 
 
 def _step(i: int | None) -> str:

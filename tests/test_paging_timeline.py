@@ -31,10 +31,23 @@ def test_the_first_divergence_names_the_step_and_what_each_side_did():
     text = first_divergence(Timeline.of(BASE), Timeline.of(moved))
     assert text.startswith("paging timeline diverged at step 4: baseline 3 running, 3 waiting, 12 blocks in use, "
                            "preempted 3; current 4 running, 2 waiting, 13 blocks in use;")
-    assert text.endswith("7 -> 7 steps, 1 -> 0 preemptions, first preemption at step 4 -> -")
+    assert text.endswith("7 -> 7 steps, 1 -> 0 preemptions, first preemption at step 4 -> -, 1 of the baseline's "
+                         "preemptions at another step or of another request")
     assert first_divergence(Timeline.of(BASE), Timeline.of(BASE)) is None
     longer = first_divergence(Timeline.of(BASE), Timeline.of([*BASE, sample(1, 0, 4)]))
     assert "at step 7: baseline had ended; current 1 running" in longer and "7 -> 8 steps" in longer
+
+
+def test_preemptions_that_moved_are_counted_even_when_their_number_did_not_change():
+    base = [*BASE[:4], sample(3, 3, 12), sample(3, 3, 12, preempted=("3",)), sample(4, 1, 14, admitted=("4", "3")),
+            sample(2, 0, 9), sample(3, 0, 10, preempted=("2",)), sample(1, 0, 3)]
+    later = list(base)
+    later[8] = sample(3, 0, 10)  # request 2 preempted one step later, the count the same
+    later[9] = sample(1, 0, 3, preempted=("2",))
+    text = first_divergence(Timeline.of(base), Timeline.of(later))
+    assert text.startswith("paging timeline diverged at step 8:")
+    assert text.endswith("10 -> 10 steps, 2 -> 2 preemptions, 1 of the baseline's preemptions at another step or "
+                         "of another request")
 
 
 def test_a_moved_timeline_fails_under_strict_and_is_reported_under_summary():
