@@ -221,3 +221,50 @@ def test_token_times_follow_the_engine_core_and_match_delta_streaming(vllm_engin
     assert llmperf.run(delta, shared, warmup=False).kv.prefix_hit_rate == counted_by_vllm > 0.8
     with pytest.raises(Exception, match="llmperf_stream='fast': choose 'clock'"):
         vllm_engine_factory(llmperf_stream="fast", **BASE)
+
+
+SCHEDULED = Workload.offline(32, prompt_len=(16, 300), output_len=(8, 96), seed=12)
+
+
+def raw_steps(trace):
+    """The recorder's raw per-step samples, as it wrote them: no Timeline code involved."""
+    return [(k.running, k.waiting, k.blocks_used, tuple(k.admitted), tuple(k.preempted)) for k in trace.kv]
+
+
+@pytest.mark.llmperf_engine(**BASE)
+def test_a_scheduler_change_is_named_at_the_first_step_the_raw_samples_differ(vllm_engine, vllm_engine_factory,
+                                                                               llmperf, tmp_path):
+    """Recorded as a baseline with one scheduler setting, compared with another: the report names the
+    first step at which the recorder's raw samples of the two engines differ, with each side's values
+    there; the same setting again reports nothing."""
+    import itertools
+
+    from pytest_llmperf.baseline import TIMELINE
+    from pytest_llmperf.gating import GateConfig, gate
+    from pytest_llmperf.paging_timeline import Timeline
+    from pytest_llmperf.runner import LLMPerf
+
+    def judged(engine, mode):
+        perf = LLMPerf()
+        result = perf.run(engine, SCHEDULED, warmup=False)
+        raw = engine.run(SCHEDULED)  # the same workload again, its raw samples kept
+        assert Timeline.of(raw.kv) == result.kv.steps  # one engine repeats its timeline exactly
+        return gate("t", perf, GateConfig(mode, tmp_path, 10.0, "cpu", "m", retries=0), {}, {}), raw
+
+    recorded, base = judged(vllm_engine, "update")
+    assert recorded.status == "updated"
+    same, _ = judged(vllm_engine, "compare")
+    assert same.status == "pass" and not same.timeline_changes  # silent when nothing changed
+    fewer = vllm_engine_factory(**BASE, max_num_seqs=14)  # what the base admits at step 0: they part later
+    moved, changed = judged(fewer, "compare")
+    a_steps, b_steps = raw_steps(base), raw_steps(changed)
+    step = next(i for i, (a, b) in enumerate(itertools.zip_longest(a_steps, b_steps)) if a != b)
+    assert step > 0  # a divergence in mid-run, not at the first step
+    (row,) = [r for r in moved.rows if r.metric == TIMELINE]
+    a, b = a_steps[step], b_steps[step]
+    print(f"first divergence at step {step} of {len(a_steps)} -> {len(b_steps)}: {row.reason}")
+    assert row.reason.startswith(f"paging timeline diverged at step {step}: "
+                                 f"baseline {a[0]} running, {a[1]} waiting, {a[2]} blocks in use")
+    assert f"; current {b[0]} running, {b[1]} waiting, {b[2]} blocks in use" in row.reason
+    assert f"{len(a_steps)} -> {len(b_steps)} steps" in row.reason
+    assert moved.status == "regression"  # --llmperf-paging strict, the default
