@@ -69,10 +69,12 @@ def run(args: argparse.Namespace) -> int:
                 engine.shutdown()
             out["vllm"] = engine.version
             timelines = [r.kv.steps.to_dict() for r in runs]
+            # the scheduler class the recorder ran under: AsyncScheduler where async scheduling really ran
             out["results"][key] = {"summary": {k: runs[0].flat()[k] for k in SUMMARIES}, "timeline": timelines[0],
-                                   "repeats_exactly": timelines[0]["hash"] == timelines[1]["hash"]}
+                                   "repeats_exactly": timelines[0]["hash"] == timelines[1]["hash"],
+                                   "scheduler": engine.config.get("scheduler")}
             print(f"{key}: {len(runs[0].kv.steps.steps)} steps, repeats exactly: "
-                  f"{out['results'][key]['repeats_exactly']}", flush=True)
+                  f"{out['results'][key]['repeats_exactly']}, scheduler {engine.config.get('scheduler')}", flush=True)
     Path(args.out).write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
     return judge(out, out, base_variant=True)
 
