@@ -4,7 +4,7 @@
 # results.json and summary.md under $OUT/LABEL*. A vLLM compile cache carried in .vllm-cache/cache.tgz
 # is unpacked first, and the cache is packed back to $OUT/cache.tgz when KEEP_CACHE=1. An update packs the
 # baselines it wrote to $OUT/baselines-h200.tgz. pytest stops after BUDGET_S seconds (default 520: unpacking the bundle and packing the
-# cache take up to a minute more, and a call stopped at its 600 s limit returns nothing it packed).
+# cache take up to a minute more, and a device run stopped at its 600 s limit returns nothing it packed).
 set -o pipefail
 mode=$1 label=$2
 shift 2
