@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# What `vllm serve` (and the HTTP engine's /metrics parser) import beyond the vLLM GPU bundle built by
-# shared/device/build-vllm-gpukit.sh and the device image: pure-Python wheels (plus markupsafe and
+# What `vllm serve` (and the HTTP engine's /metrics parser) import beyond the vLLM GPU bundle (`.gpukit`,
+# docs/gpu-validation.md) and the device image: pure-Python wheels (plus markupsafe and
 # watchfiles for CPython 3.12), unpacked into OUTDIR (default ./.gpukit-serve, ignored by git).
 # Put OUTDIR on PYTHONPATH in the device call; docs/gpu-validation.md has the command.
 set -euo pipefail
