@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -99,16 +100,15 @@ def _overall(old: Timeline, new: Timeline) -> str:
     parts = [f"{len(old.steps)} -> {len(new.steps)} steps", f"{old.preemptions} -> {new.preemptions} preemptions"]
     if first[0] != first[1]:
         parts.append(f"first preemption at step {_step(first[0])} -> {_step(first[1])}")
-    moved = len(_preemption_events(old) - _preemption_events(new))
+    moved = sum((_preemption_events(old) - _preemption_events(new)).values())
     if moved:  # the count alone hides preemptions that happened at other steps or to other requests
         parts.append(f"{moved} of the baseline's preemptions at another step or of another request")
     return ", ".join(parts)
 
 
-def _preemption_events(t: Timeline) -> set[tuple[int, str, int]]:
-    """(step, request, n-th preemption of it at that step): a request preempted twice at one step counts twice."""
-    return {(i, name, k) for i, s in enumerate(t.steps) for name in set(s.preempted)
-            for k in range(s.preempted.count(name))}
+def _preemption_events(t: Timeline) -> Counter[tuple[int, str]]:
+    """How often each request was preempted at each step."""
+    return Counter((i, name) for i, s in enumerate(t.steps) for name in s.preempted)
 
 
 def _step(i: int | None) -> str:
