@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
@@ -29,6 +30,10 @@ WARMUP_REQUESTS = 4
 WARMUP_MODES = ("auto", "quick", "steady")
 STEADY_AGREEMENT = 0.03
 STEADY_MAX_PASSES = 6
+# A workload whose pass takes tens of seconds (transformers' static batches of an 8B shape: about 20 s)
+# stops after three passes once the warm-up has taken this long: six such passes cost two minutes per
+# engine start, and three passes already give the noise figure the comparison needs.
+STEADY_MAX_SECONDS = 60.0
 # salts: warm-up and every repeat get their own token ids, so no pass finds another's prefix cache
 _WARMUP_SALT = 10_000
 
@@ -153,6 +158,7 @@ class LLMPerf:
             return 0
         offline = workload.as_offline()  # arrival times would cap the rate this watches
         rates: list[float] = []
+        start = time.monotonic()
 
         def one_pass() -> None:
             rates.append(throughput(_drive(engine, offline, _WARMUP_SALT + 1 + len(rates))).output_tokens_per_s)
@@ -167,10 +173,13 @@ class LLMPerf:
                 one_pass()
                 self.steady_engines[engine] = pass_noise(rates)
                 return len(rates)
+            if len(rates) >= 3 and time.monotonic() - start >= STEADY_MAX_SECONDS:
+                break
         noise = self.steady_engines[engine] = pass_noise(rates)
         warnings.warn(
-            f"llmperf: output throughput still changing after {len(rates)} warm-up passes "
-            f"({', '.join(f'{r:.0f}' for r in rates)} tok/s): the engine is not steady, so results may drift; "
+            f"llmperf: output throughput still changing after {len(rates)} warm-up passes in "
+            f"{time.monotonic() - start:.0f} s ({', '.join(f'{r:.0f}' for r in rates)} tok/s): the engine is not steady, "
+            "so results may drift; "
             f"its timing metrics carry ±{noise:.0%} of noise, which baseline comparisons allow for. Use repeats >= 3, "
             "a CUDA-graph (non-eager) configuration, or a longer workload", stacklevel=3)
         return len(rates)

@@ -8,7 +8,7 @@ import gc
 import pytest
 from fake_engine import WORKLOAD, FakeWarmingEngine
 
-from pytest_llmperf import Workload
+from pytest_llmperf import Workload, runner
 from pytest_llmperf import baseline as bl
 from pytest_llmperf.gating import result_entry
 from pytest_llmperf.runner import STEADY_MAX_PASSES, LLMPerf
@@ -65,6 +65,15 @@ def test_an_engine_that_never_settles_is_warned_about_and_recorded():
     with pytest.warns(UserWarning, match=f"still changing after {STEADY_MAX_PASSES} warm-up passes"):
         result = LLMPerf(warmup_mode="steady").run(engine, WORKLOAD)
     assert result.warmup_passes == STEADY_MAX_PASSES
+
+
+def test_a_warm_up_of_slow_passes_stops_after_three_once_it_has_taken_its_time(monkeypatch):
+    # a workload whose pass takes tens of seconds on this engine: three passes give the noise figure
+    monkeypatch.setattr(runner, "STEADY_MAX_SECONDS", 0.0)
+    engine = FakeWarmingEngine([3.0 - 0.3 * k for k in range(STEADY_MAX_PASSES + 1)])
+    with pytest.warns(UserWarning, match="still changing after 3 warm-up passes in 0 s"):
+        result = LLMPerf(warmup_mode="steady").run(engine, WORKLOAD)
+    assert result.warmup_passes == 3 and result.noise["output_tokens_per_s"] > 0
 
 
 def test_a_warm_up_that_never_settles_widens_the_baseline_comparison_of_timing_metrics_only():
