@@ -134,7 +134,8 @@ def min_prefix_cache_hit_rate(rate: float) -> list[Limit]:
 
 
 def max_gpu_memory(*, gib: float | None = None, fraction: float | None = None) -> list[Limit]:
-    """fail when the device memory peak (NVML, all processes) is above gib GiB, or above fraction of the card."""
+    """fail when the device memory peak (NVML, all processes) is above gib GiB, or above fraction of the card;
+    per GPU for an engine on several (its busiest card: the one that runs out of memory)."""
     given = _need_one({"gib": gib, "fraction": fraction}, ["gib", "fraction"])
     limits = []
     if "gib" in given:
@@ -147,13 +148,15 @@ def max_gpu_memory(*, gib: float | None = None, fraction: float | None = None) -
 
 
 def max_memory_per_request(*, mib: float) -> list[Limit]:
-    """fail when device memory per concurrent request, (peak - idle) / peak concurrency, is above mib MiB."""
+    """fail when device memory per concurrent request, (peak - idle) / peak concurrency, is above mib MiB;
+    over all the engine's GPUs for an engine on several."""
     return [Limit(_written("max_memory_per_request", (), {"mib": mib}), "gpu_memory_per_request_mib",
                   _number(mib, "mib"), True, "MiB")]
 
 
 def max_energy_per_token(*, joules: float) -> list[Limit]:
-    """fail when the GPU energy per output token (NVML total-energy counter) is above joules J."""
+    """fail when the GPU energy per output token (NVML total-energy counter, summed over the engine's
+    GPUs) is above joules J."""
     return [Limit(_written("max_energy_per_token", (), {"joules": joules}), "gpu_energy_per_token_j",
                   _number(joules, "joules"), True, "J")]
 

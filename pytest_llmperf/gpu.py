@@ -10,7 +10,9 @@ import contextlib
 import os
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .trace import GpuSample
 
@@ -100,7 +102,8 @@ def _text(value: bytes | str) -> str:
 
 
 class NvmlSampler:
-    """Samples one device in a background thread, each figure as often as it can change:
+    """Samples the devices of one engine (one, or all a tensor-parallel engine uses) in a background
+    thread, one sample per device per tick, all with the tick's time, each figure as often as it can change:
 
     - memory used every `interval_s` (a peak can last milliseconds);
     - utilisation and power every `slow_interval_s`: NVML averages both over its own period (1/6 s to
@@ -112,7 +115,7 @@ class NvmlSampler:
     NVML calls release the GIL. Use as a context manager around one run.
     """
 
-    def __init__(self, index: int = 0, interval_s: float = 0.01, slow_interval_s: float = 0.1) -> None:
+    def __init__(self, index: int | Sequence[int] = 0, interval_s: float = 0.01, slow_interval_s: float = 0.1) -> None:
         import threading
 
         import pynvml
@@ -125,16 +128,23 @@ class NvmlSampler:
         self._samples: list[GpuSample] = []
         self.error: str | None = None
         pynvml.nvmlInit()
-        self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        indices = (index,) if isinstance(index, int) else tuple(index)
+        self._handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in indices]
         self._thread = threading.Thread(target=self._loop, name="llmperf-nvml", daemon=True)
 
-    def _read(self, ends: bool) -> GpuSample:
-        """One sample; `ends` (the first and the last) reads everything, the energy counter too."""
-        nv, h = self._nvml, self._handle
-        util = power = energy = None
+    def _read(self, ends: bool) -> list[GpuSample]:
+        """One tick: a sample of each device; `ends` (the first and the last) reads everything, the
+        energy counter too."""
         now = time.perf_counter()
-        if ends or now >= self._next_slow:
+        slow = ends or now >= self._next_slow
+        if slow:
             self._next_slow = now + self._slow_interval
+        return [self._read_one(i, h, now, slow, ends) for i, h in self._handles]
+
+    def _read_one(self, index: int, h: Any, now: float, slow: bool, ends: bool) -> GpuSample:
+        nv = self._nvml
+        util = power = energy = None
+        if slow:
             with contextlib.suppress(nv.NVMLError):
                 util = float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
             with contextlib.suppress(nv.NVMLError):
@@ -143,7 +153,7 @@ class NvmlSampler:
             with contextlib.suppress(nv.NVMLError):
                 energy = int(nv.nvmlDeviceGetTotalEnergyConsumption(h))
         mem = nv.nvmlDeviceGetMemoryInfo(h)
-        return GpuSample(time.perf_counter(), int(mem.used), util, power, energy, int(mem.total))
+        return GpuSample(now, int(mem.used), util, power, energy, int(mem.total), device=index)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -157,7 +167,7 @@ class NvmlSampler:
         if self.error is not None:
             return False
         try:
-            self._samples.append(self._read(ends))
+            self._samples.extend(self._read(ends))
             return True
         except self._nvml.NVMLError as e:
             self.error = f"NVML failed during the run: {e}"
@@ -184,22 +194,36 @@ class GpuError(RuntimeError):
     """The GPU is not in the state a measurement needs; the message says what to do."""
 
 
-def assign_device(worker: str | None, visible: str | None, count: int) -> tuple[str | None, int]:
-    """The GPU a pytest-xdist worker takes: (value for CUDA_VISIBLE_DEVICES, NVML index).
+def assign_devices(worker: str | None, visible: str | None, count: int,
+                   per_worker: int = 1) -> tuple[str | None, tuple[int, ...]]:
+    """The GPUs a pytest-xdist worker takes: (value for CUDA_VISIBLE_DEVICES, their NVML indices).
 
-    Outside xdist nothing changes (None). Worker gwN takes the N-th visible GPU (of
-    CUDA_VISIBLE_DEVICES when the runner set it, else of all NVML devices); more workers than GPUs is
-    an error, never two engines sharing a card.
+    Outside xdist nothing changes (None) and the process uses the first `per_worker` visible GPUs.
+    Worker gwN takes the N-th run of `per_worker` visible GPUs (of CUDA_VISIBLE_DEVICES when the
+    runner set it, else of all NVML devices): a tensor-parallel engine of 2 under `-n 2` on four
+    cards gives gw0 cards 0-1 and gw1 cards 2-3. Too few GPUs is an error, never two engines sharing
+    a card.
     """
     devices = [d.strip() for d in visible.split(",") if d.strip()] if visible else [str(i) for i in range(count)]
-    if not worker:
-        first = devices[0] if devices else "0"
-        return None, int(first) if first.isdigit() else 0
-    n = int(worker.removeprefix("gw"))
-    if n >= len(devices):
-        raise GpuError(f"pytest-xdist worker {worker} has no GPU of its own: {len(devices)} visible "
-                       f"({', '.join(devices) or 'none'}); run with -n {max(len(devices), 1)} or fewer")
-    return devices[n], int(devices[n]) if devices[n].isdigit() else n
+    n = int(worker.removeprefix("gw")) if worker else 0
+    mine = devices[n * per_worker:(n + 1) * per_worker]
+    if len(mine) < per_worker:
+        who = f"pytest-xdist worker {worker}" if worker else "this session"
+        workers = len(devices) // per_worker
+        fix = (f"run with -n {workers} or fewer" if workers else
+               f"make {per_worker} GPUs visible, or lower tensor_parallel_size x pipeline_parallel_size")
+        raise GpuError(f"{who} needs {per_worker} GPU{'s' if per_worker > 1 else ''} of its own and has "
+                       f"{len(mine)}: {len(devices)} visible ({', '.join(devices) or 'none'}), {per_worker} per worker; {fix}")
+    indices = tuple(int(d) if d.isdigit() else n * per_worker + k for k, d in enumerate(mine))
+    return (",".join(mine) if worker else None), indices
+
+
+def assign_device(worker: str | None, visible: str | None, count: int) -> tuple[str | None, int]:
+    """`assign_devices` for an engine of one GPU: (CUDA_VISIBLE_DEVICES value, NVML index)."""
+    if not worker and not visible and not count:
+        return None, 0
+    env, indices = assign_devices(worker, visible, count)
+    return env, indices[0]
 
 
 def memory_info(index: int) -> tuple[int, int, int]:

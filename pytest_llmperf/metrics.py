@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from . import quantiles
 from .paging_timeline import Timeline
-from .trace import KVSample, RunTrace, SequenceTrace
+from .trace import GpuSample, KVSample, RunTrace, SequenceTrace
 
 PERCENTILES = (50, 90, 95, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
@@ -79,21 +79,27 @@ class KVStats:
 
 @dataclass(frozen=True)
 class GpuStats:
-    """NVML figures of the device during the pass; None without a GPU."""
+    """NVML figures of the engine's devices during the pass; None without a GPU. Memory is per GPU
+    (`memory_peak_gib`: the busiest card, the one that runs out), with the sum over the engine's GPUs
+    beside it; energy and power are the engine's, summed over its GPUs."""
 
     memory_peak_gib: float | None = None
-    memory_idle_gib: float | None = None  # at the start of the pass
-    memory_total_gib: float | None = None
+    memory_idle_gib: float | None = None  # at the start of the pass, the busiest card
+    memory_total_gib: float | None = None  # capacity of one card
+    devices: int = 1
+    memory_peak_per_gpu_gib: tuple[float, ...] = ()
+    memory_peak_all_gib: float | None = None  # the largest sum over the engine's GPUs at one sample
+    utilization_per_gpu_pct: tuple[float | None, ...] = ()
     framework_peak_gib: float | None = None
     energy_per_token_j: float | None = None
     utilization_mean_pct: float | None = None
     power_mean_w: float | None = None
-    # (peak - idle) / the most sequences in flight at once
+    # (peak - idle) over all the engine's GPUs / the most sequences in flight at once
     memory_per_request_mib: float | None = None
     # time the busy engine steps must take at the device's memory bandwidth (weights + KV read per
     # step) over the time they took; 1.0 is the roofline (meaningful for decode-dominated workloads)
     roofline_fraction: float | None = None
-    # (seconds since run start, device memory used GiB), for plots
+    # (seconds since run start, memory used GiB summed over the engine's GPUs), for plots
     timeline: tuple[tuple[float, float], ...] = field(default=(), repr=False)
 
     @property
@@ -194,8 +200,8 @@ def flat_metrics(r: PerfResult) -> dict[str, float | None]:
         output_tokens_per_s=r.throughput.output_tokens_per_s,
         total_tokens_per_s=r.throughput.total_tokens_per_s,
         requests_per_s=r.throughput.requests_per_s,
-        output_tokens_per_s_per_gib=(r.throughput.output_tokens_per_s / r.gpu.memory_peak_gib
-                                     if r.gpu.memory_peak_gib else None),
+        output_tokens_per_s_per_gib=(r.throughput.output_tokens_per_s / r.gpu.memory_peak_all_gib
+                                     if r.gpu.memory_peak_all_gib else None),
         error_rate=r.error_rate,
         duration_s=r.duration_s,
     )
@@ -295,25 +301,49 @@ def gpu_stats(trace: RunTrace, output_tokens: int) -> GpuStats:
     framework = trace.framework_peak_bytes / _GIB if trace.framework_peak_bytes is not None else None
     if not g:
         return GpuStats(framework_peak_gib=framework, roofline_fraction=roofline_fraction(trace))
-    energy = None
-    if g[0].energy_mj is not None and g[-1].energy_mj is not None and output_tokens:
-        energy = (g[-1].energy_mj - g[0].energy_mj) / 1e3 / output_tokens
-    util = [s.utilization_pct for s in g if s.utilization_pct is not None]
-    power = [s.power_w for s in g if s.power_w is not None]
-    peak, idle = max(s.memory_used_bytes for s in g), g[0].memory_used_bytes
+    devices: dict[int, list[GpuSample]] = {}
+    ticks: dict[float, int] = {}  # the sampler reads every device of a tick at one time
+    for s in g:
+        devices.setdefault(s.device, []).append(s)
+        ticks[s.t] = ticks.get(s.t, 0) + s.memory_used_bytes
+    peaks = {d: max(s.memory_used_bytes for s in samples) for d, samples in devices.items()}
+    busiest = max(peaks, key=lambda d: peaks[d])
+    idle_all = sum(samples[0].memory_used_bytes for samples in devices.values())
     concurrency = peak_concurrency(trace.sequences)
+    util = [s.utilization_pct for s in g if s.utilization_pct is not None]
+    first = devices[busiest][0]
     return GpuStats(
-        memory_peak_gib=peak / _GIB,
-        memory_idle_gib=idle / _GIB,
-        memory_total_gib=g[0].memory_total_bytes / _GIB if g[0].memory_total_bytes else None,
-        memory_per_request_mib=(peak - idle) / 1024**2 / concurrency if concurrency else None,
-        timeline=tuple((round(s.t - trace.start_t, 6), s.memory_used_bytes / _GIB) for s in g),
+        memory_peak_gib=peaks[busiest] / _GIB,
+        memory_idle_gib=first.memory_used_bytes / _GIB,
+        memory_total_gib=first.memory_total_bytes / _GIB if first.memory_total_bytes else None,
+        devices=len(devices),
+        memory_peak_per_gpu_gib=tuple(peaks[d] / _GIB for d in sorted(devices)),
+        memory_peak_all_gib=max(ticks.values()) / _GIB,
+        utilization_per_gpu_pct=tuple(_mean_of([s.utilization_pct for s in devices[d]]) for d in sorted(devices)),
+        memory_per_request_mib=(max(ticks.values()) - idle_all) / 1024**2 / concurrency if concurrency else None,
+        timeline=tuple((round(t - trace.start_t, 6), used / _GIB) for t, used in ticks.items()),
         framework_peak_gib=framework,
-        energy_per_token_j=energy,
+        energy_per_token_j=_energy_per_token(devices.values(), output_tokens),
         utilization_mean_pct=float(np.mean(util)) if util else None,
-        power_mean_w=float(np.mean(power)) if power else None,
+        power_mean_w=_sum_of(_mean_of([s.power_w for s in samples]) for samples in devices.values()),
         roofline_fraction=roofline_fraction(trace),
     )
+
+
+def _energy_per_token(devices: Iterable[Sequence[GpuSample]], output_tokens: int) -> float | None:
+    """Joules per output token over all the engine's GPUs: each card's counter at the two ends."""
+    spent = [s[-1].energy_mj - s[0].energy_mj for s in devices if s[0].energy_mj is not None and s[-1].energy_mj is not None]
+    return sum(spent) / 1e3 / output_tokens if spent and output_tokens else None
+
+
+def _mean_of(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return float(np.mean(present)) if present else None
+
+
+def _sum_of(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return float(sum(present)) if present else None
 
 
 def roofline_fraction(trace: RunTrace) -> float | None:
@@ -327,7 +357,9 @@ def roofline_fraction(trace: RunTrace) -> float | None:
     for k, end in zip(kv, ends):
         if k.running == 0 or end <= k.t:
             continue
-        floor += (roof.weight_bytes + roof.kv_bytes_per_token * k.tokens_stored) / roof.bandwidth_bytes_per_s
+        # tensor parallel: each card reads its share of the weights and the KV cache at the same time
+        floor += ((roof.weight_bytes + roof.kv_bytes_per_token * k.tokens_stored)
+                  / roof.bandwidth_bytes_per_s / roof.tensor_parallel)
         took += end - k.t
     return floor / took if took > 0 else None
 
@@ -553,6 +585,10 @@ def _worst_gpu(gpus: Sequence[GpuStats]) -> GpuStats:
         memory_peak_gib=_max_or_none([g.memory_peak_gib for g in gpus]),
         memory_idle_gib=_mean_or_none([g.memory_idle_gib for g in gpus]),
         memory_total_gib=gpus[0].memory_total_gib,
+        devices=gpus[0].devices,
+        memory_peak_per_gpu_gib=tuple(max(v) for v in zip(*(g.memory_peak_per_gpu_gib for g in gpus))),
+        memory_peak_all_gib=_max_or_none([g.memory_peak_all_gib for g in gpus]),
+        utilization_per_gpu_pct=gpus[0].utilization_per_gpu_pct,
         memory_per_request_mib=_max_or_none([g.memory_per_request_mib for g in gpus]),
         timeline=gpus[0].timeline,
         framework_peak_gib=_max_or_none([g.framework_peak_gib for g in gpus]),

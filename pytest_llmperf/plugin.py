@@ -13,7 +13,7 @@ import os
 import shlex
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -25,7 +25,7 @@ from . import assertions, gating, properties, pytest_benchmark_bridge, soak
 from .assertions import Limit, MarkerError
 from .baseline import PAGING_MODES, TIMELINE, parse_tolerance, path_for, slug
 from .baseline import load as load_baseline
-from .engines.base import ENGINES, EnginePool, default_engine
+from .engines.base import ENGINES, EnginePool, default_engine, gpus_of
 from .fixtures import (  # noqa: F401 - pytest finds a plugin's fixtures in its module
     gpu_fixture,
     hf_engine,
@@ -38,7 +38,17 @@ from .fixtures import (  # noqa: F401 - pytest finds a plugin's fixtures in its 
     vllm_engine_factory,
     vllm_server,
 )
-from .gpu import KNOWN_CLASSES, GpuError, GpuInfo, assign_device, detect, device_count, memory_used, wait_for_release
+from .gpu import (
+    KNOWN_CLASSES,
+    GpuError,
+    GpuInfo,
+    assign_device,
+    assign_devices,
+    detect,
+    device_count,
+    memory_used,
+    wait_for_release,
+)
 from .models import DEFAULT_MODEL, stored_name
 from .paging_timeline import Timeline, divergence_step
 from .report import HEADLINE, TestRecord, baseline_counts, cell, result_name, result_record
@@ -115,6 +125,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="what llmperf.run's warm-up does: a few requests (quick), then whole passes until two agree "
                          "on throughput (steady), or auto: steady on a GPU, quick elsewhere (default)")
     parser.addini("llmperf_warmup", "warm-up: auto, quick or steady", default="auto")
+    group.addoption("--llmperf-gpus-per-worker", default=None, metavar="N",
+                    help="GPUs each pytest-xdist worker (or this session) takes: default, the most any selected "
+                         "test's engine spreads over (tensor_parallel_size x pipeline_parallel_size)")
+    parser.addini("llmperf_gpus_per_worker", "GPUs per worker (default: what the tests' engines ask for)", default="")
     group.addoption("--llmperf-soak", default=1, type=int, metavar="N",
                     help="run the selected tests N times back to back, round by round, and fail if host or GPU "
                          "memory keeps growing between the last two rounds")
@@ -171,6 +185,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if retries < 0:
         raise pytest.UsageError(f"--llmperf-retries/llmperf_retries={given!r}: give the number of extra measurements, "
                                 "0 or more (e.g. 2)")
+    _gpus_option(config)  # a bad value is a usage error now, not when the first test claims its GPUs
     engine_name = _option(config, "engine") or default_engine()
     if engine_name not in ENGINES:
         raise pytest.UsageError(f"llmperf_engine={engine_name!r}: choose one of {', '.join(sorted(ENGINES))}")
@@ -228,7 +243,7 @@ def _report_dir(given: str | None) -> Path | None:
 _ACTIVE = pytest.StashKey[bool]()
 
 
-def _activate(config: pytest.Config) -> None:
+def _activate(config: pytest.Config, items: Sequence[pytest.Item] = ()) -> None:
     """What the plugin does to the process, done once and only in a session that uses it (a test with
     an llmperf fixture, or --llmperf-soak): claim this worker's GPU (CUDA_VISIBLE_DEVICES under
     pytest-xdist), wait for its memory after each engine stops, and stop engines on SIGTERM. A project
@@ -238,11 +253,12 @@ def _activate(config: pytest.Config) -> None:
     config.stash[_ACTIVE] = True
     state = config.stash[SESSION]
     try:
-        state.gpu = _claim_gpu()
-    except GpuError as e:  # each test that uses the plugin fails with it; the worker's other tests run
+        state.gpus = _claim_gpus(_gpus_per_worker(config, items))
+        state.gpu = state.gpus[0] if state.gpus else None
+    except (GpuError, MarkerError) as e:  # each test that uses the plugin fails with it; the worker's other tests run
         config.stash[_CLAIM_ERROR] = str(e)
         return
-    state.pool.after_close = _release_waiter(state.gpu)
+    state.pool.after_close = _release_waiter(state.gpus)
     _stop_engines_on_sigterm(config)
 
 
@@ -306,27 +322,50 @@ def _machine_class() -> str:
     return gpu.hardware_class if gpu else "cpu"
 
 
-def _claim_gpu() -> GpuInfo | None:
-    """This worker's GPU. Under pytest-xdist each worker takes its own card, set in
+def _gpus_option(config: pytest.Config) -> int | None:
+    given = _option(config, "gpus-per-worker")
+    if given in (None, ""):
+        return None
+    if not str(given).isdigit() or int(given) < 1:
+        raise pytest.UsageError(f"--llmperf-gpus-per-worker/llmperf_gpus_per_worker={given!r}: give a number of "
+                                "GPUs, 1 or more (e.g. 2 for tensor_parallel_size=2)")
+    return int(given)
+
+
+def _gpus_per_worker(config: pytest.Config, items: Sequence[pytest.Item]) -> int:
+    """What each worker claims: the option, else the most GPUs any engine of the session asks for. Every
+    xdist worker collects the whole selection, so all workers size their sets alike."""
+    given = _gpus_option(config)
+    if given is not None:
+        return given
+    asked = [gpus_of(config.stash[SESSION].engine_defaults)]
+    asked += [gpus_of(engine_options(item)) for item in items if _uses_plugin(item)]
+    return max(asked)
+
+
+def _claim_gpus(per_worker: int) -> tuple[GpuInfo, ...]:
+    """This worker's GPUs. Under pytest-xdist each worker takes cards of its own, set in
     CUDA_VISIBLE_DEVICES before any engine starts."""
     count = device_count()
     if not count:
-        return None
-    visible, index = assign_device(os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("CUDA_VISIBLE_DEVICES"), count)
+        return ()
+    visible, indices = assign_devices(os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                      count, per_worker)
     if visible is not None:
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers cards as NVML does
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
-    return detect(index)
+    return tuple(g for g in map(detect, indices) if g is not None)
 
 
-def _release_waiter(gpu: GpuInfo | None) -> Callable[[], None] | None:
-    """After an engine shuts down, wait until the card shows its memory freed (or fail clearly)."""
-    if gpu is None:
+def _release_waiter(gpus: Sequence[GpuInfo]) -> Callable[[], None] | None:
+    """After an engine shuts down, wait until its cards show their memory freed (or fail clearly)."""
+    if not gpus:
         return None
-    limit = memory_used(gpu.index) + OWN_CONTEXT_SLACK
+    limits = {g.index: memory_used(g.index) + OWN_CONTEXT_SLACK for g in gpus}
 
     def wait() -> None:
-        wait_for_release(gpu.index, limit)
+        for index, limit in limits.items():
+            wait_for_release(index, limit)
 
     return wait
 
@@ -334,7 +373,7 @@ def _release_waiter(gpu: GpuInfo | None) -> Callable[[], None] | None:
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the hardware marker must be there to be selected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if any(_uses_plugin(item) for item in items):
-        _activate(config)
+        _activate(config, items)
     config.stash[_CARRIED] = _mark_hardware(items, config.stash[SESSION].hardware)
     # Tests that share an engine configuration run together, so each engine starts once (per soak round).
     items.sort(key=lambda item: (soak.round_of(item), _engine_group(item)))

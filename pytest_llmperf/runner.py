@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .engines.base import Engine
-from .gpu import NvmlSampler
+from .gpu import GpuError, NvmlSampler
 from .metrics import PerfResult, pass_noise, summarize, throughput, with_timing_noise
 from .sweep import Sweep, SweepPoint, holds, unknown_latency_metrics
 from .timing import PhaseTimes
@@ -53,6 +53,8 @@ class LLMPerf:
     revive: Callable[[Engine], Engine] | None = None
     restart: Callable[[Engine], Engine] | None = None  # the same configuration in a fresh engine start
     gpu_index: int | None = None  # sample this device with NVML during every measured pass
+    # this worker's devices (gpu_index first): an engine of several GPUs is sampled on its first `gpus`
+    gpu_indices: tuple[int, ...] = ()
     gpu_interval_s: float = 0.01
     roofline_of: Callable[[Engine], Roofline | None] | None = None  # the engine's floor on this GPU
     # judges each result as it is made (Hypothesis tests: a violation must fail the example inside
@@ -262,11 +264,18 @@ class LLMPerf:
     def _pass(self, engine: Engine, workload: Workload, salt: int) -> RunTrace:
         if self.gpu_index is None:
             return _drive(engine, workload, salt)
-        with NvmlSampler(self.gpu_index, self.gpu_interval_s) as sampler:
+        with NvmlSampler(self._devices_of(engine), self.gpu_interval_s) as sampler:
             trace = _drive(engine, workload, salt)
         if sampler.error:
             warnings.warn(f"llmperf: {sampler.error}; GPU figures cover only the samples before it", stacklevel=3)
         return replace(trace, gpu=sampler.samples)
+
+    def _devices_of(self, engine: Engine) -> tuple[int, ...]:
+        mine = self.gpu_indices or (self.gpu_index or 0,)
+        if engine.gpus > len(mine):
+            raise GpuError(f"the {engine.name} engine spreads over {engine.gpus} GPUs and this worker has "
+                           f"{len(mine)} ({', '.join(map(str, mine))}): run with --llmperf-gpus-per-worker={engine.gpus}")
+        return mine[:engine.gpus]
 
 
 @contextmanager

@@ -31,8 +31,9 @@ class Session:
     model_spec: str
     engine_defaults: dict[str, Any]
     hardware: str
-    gpu: GpuInfo | None
+    gpu: GpuInfo | None  # the first of `gpus`
     gate: gating.GateConfig
+    gpus: tuple[GpuInfo, ...] = ()  # this worker's GPUs: as many as its engines spread over
     pool: EnginePool = field(default_factory=EnginePool)
     models: dict[str, ModelSpec] = field(default_factory=dict)
     report_dir: Path | None = None
@@ -63,11 +64,13 @@ class Session:
             return None
         if self.bandwidth is None:
             self.bandwidth = measure_bandwidth(self.gpu.index) or 0.0
-        return Roofline(*sizes, self.bandwidth) if self.bandwidth else None
+        tensor_parallel = int(engine.config.get("tensor_parallel_size") or 1)
+        return Roofline(*sizes, self.bandwidth, tensor_parallel) if self.bandwidth else None
 
     def describe(self) -> dict[str, Any]:
         gpu = asdict(self.gpu) if self.gpu else None
         return {"engine": self.engine_name, "model": self.model_spec, "hardware": self.hardware, "gpu": gpu,
+                "gpus": [asdict(g) for g in self.gpus],
                 "baseline_mode": self.gate.mode, "tolerance": [self.gate.tolerance, dict(self.gate.tolerances)],
                 "warmup": self.warmup, "engine_config": self.engine_defaults,
                 "time_to_verdict_s": {**self.pool.times.summary(), "engine_starts": self.pool.starts}}

@@ -99,16 +99,19 @@ class GpuSample:
     power_w: float | None = None
     energy_mj: int | None = None  # NVML total-energy counter, millijoules since driver load
     memory_total_bytes: int | None = None
+    device: int = 0  # NVML index: an engine of several GPUs has a sample of each per tick, at one time
 
 
 @dataclass(frozen=True)
 class Roofline:
-    """The memory-bandwidth floor of a decode step on this device: every step reads all the weights and
-    the KV cache it holds, at the bandwidth measured on the device."""
+    """The memory-bandwidth floor of a decode step: every step reads all the weights and the KV cache
+    it holds, at the bandwidth measured on one device, split over `tensor_parallel` devices that read
+    their shares at once (pipeline stages run one after another, so they do not divide it)."""
 
     weight_bytes: int
     kv_bytes_per_token: int
     bandwidth_bytes_per_s: float
+    tensor_parallel: int = 1
 
 
 @dataclass(frozen=True)

@@ -56,8 +56,50 @@ def test_a_session_that_uses_the_plugin_claims_a_gpu_per_worker(pytester, monkey
     result = pytester.runpytest_subprocess("-n", "2", "--dist", "each", "-p", "no:cacheprovider", "-p", "no:randomly",
                                            "-rE")
     result.assert_outcomes(passed=5, errors=1)
-    result.stdout.fnmatch_lines(["llmperf: pytest-xdist worker gw1 has no GPU of its own: 1 visible (0); run with -n 1 "
-                                 "or fewer", "ERROR test_perf.py::test_uses - *"])
+    result.stdout.fnmatch_lines(["llmperf: pytest-xdist worker gw1 needs 1 GPU of its own and has 0: 1 visible (0), "
+                                 "1 per worker; run with -n 1 or fewer", "ERROR test_perf.py::test_uses - *"])
+
+
+# A fake NVML (named as such): four H200s, for the claim of tensor-parallel engines. No engine starts.
+FAKE_FOUR_GPUS = FAKE_ONE_GPU.replace("device_count = lambda: 1", "device_count = lambda: 4")
+
+TENSOR_PARALLEL = """
+import os
+
+import pytest
+
+
+@pytest.mark.llmperf_engine(tensor_parallel_size=2)
+def test_tp2(llmperf_session, worker_id):
+    with open(f"claimed-{worker_id}", "w") as f:
+        f.write(f"{os.environ['CUDA_VISIBLE_DEVICES']} {[g.index for g in llmperf_session.gpus]}")
+
+
+def test_tp1(llmperf):
+    pass
+"""
+
+
+def test_workers_claim_as_many_gpus_as_the_largest_engine_of_the_selection_spreads_over(pytester, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    pytester.makeconftest(FAKE_FOUR_GPUS)
+    pytester.makepyfile(test_tp=TENSOR_PARALLEL)
+    result = pytester.runpytest_subprocess("-n", "2", "--dist", "each", "-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=4)
+    claimed = sorted(p.read_text() for p in pytester.path.glob("claimed-*"))
+    assert claimed == ["0,1 [0, 1]", "2,3 [2, 3]"]  # disjoint pairs, one per worker
+    # a third worker finds no pair of its own: its tests error with what to do, the others run
+    result = pytester.runpytest_subprocess("-n", "3", "--dist", "each", "-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=4, errors=2)
+    result.stdout.fnmatch_lines(["*worker gw2 needs 2 GPUs of its own and has 0: 4 visible (0, 1, 2, 3), 2 per worker; "
+                                 "run with -n 2 or fewer*"])
+
+
+def test_gpus_per_worker_can_be_given_and_is_checked_at_start(pytester):
+    pytester.makepyfile(test_a="def test_a():\n    pass\n")
+    result = pytester.runpytest_inprocess("--llmperf-gpus-per-worker=0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--llmperf-gpus-per-worker/llmperf_gpus_per_worker='0': give a number of GPUs, 1 or more" in result.stderr.str()
 
 
 @pytest.mark.parametrize("option, message", [

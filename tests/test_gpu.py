@@ -20,8 +20,32 @@ def test_each_xdist_worker_takes_its_own_gpu(worker, visible, count, expected):
 def test_more_workers_than_gpus_is_an_error():
     from pytest_llmperf.gpu import GpuError, assign_device
 
-    with pytest.raises(GpuError, match="worker gw2 has no GPU of its own: 2 visible .* -n 2 or fewer"):
+    with pytest.raises(GpuError, match="worker gw2 needs 1 GPU of its own and has 0: 2 visible .* -n 2 or fewer"):
         assign_device("gw2", None, 2)
+
+
+@pytest.mark.parametrize("worker, visible, count, per_worker, expected", [
+    (None, None, 4, 2, (None, (0, 1))),          # one session: the engine's first two cards
+    ("gw0", None, 4, 2, ("0,1", (0, 1))),
+    ("gw1", None, 4, 2, ("2,3", (2, 3))),        # disjoint sets, sized by what the tests ask for
+    ("gw1", "1,3,5,7", 8, 2, ("5,7", (5, 7))),
+])
+def test_workers_of_multi_gpu_engines_take_disjoint_sets_of_gpus(worker, visible, count, per_worker, expected):
+    from pytest_llmperf.gpu import assign_devices
+
+    assert assign_devices(worker, visible, count, per_worker) == expected
+
+
+@pytest.mark.parametrize("worker, count, match", [
+    ("gw1", 3, "worker gw1 needs 2 GPUs of its own and has 1: 3 visible .*; run with -n 1 or fewer"),
+    (None, 1, "this session needs 2 GPUs of its own and has 1: 1 visible .*; make 2 GPUs visible, or lower "
+              "tensor_parallel_size x pipeline_parallel_size"),
+])
+def test_too_few_gpus_for_a_multi_gpu_engine_is_an_error_that_says_what_to_do(worker, count, match):
+    from pytest_llmperf.gpu import GpuError, assign_devices
+
+    with pytest.raises(GpuError, match=match):
+        assign_devices(worker, None, count, 2)
 
 
 def test_hardware_classes_from_device_names():
@@ -69,7 +93,7 @@ class FakeNvml:
         self.calls += 1
         if self.calls > self.good:
             raise self.NVMLError("Unknown Error (GPU is lost)")
-        return type("M", (), {"used": 2 << 30, "total": 8 << 30})()
+        return type("M", (), {"used": (2 + handle) << 30, "total": 8 << 30})()  # card k holds 2 + k GiB
 
 
 def test_the_sampler_reads_each_figure_only_as_often_as_it_changes(monkeypatch):
@@ -123,3 +147,70 @@ def test_the_roofline_reaches_the_result_of_a_sampled_pass(monkeypatch, hf_engin
     r = perf.run(hf_engine, Workload.offline(4, prompt_len=(16, 32), output_len=(8, 16), seed=1), warmup=False)
     assert asked == [hf_engine] and r.gpu.roofline_fraction > 0
     assert LLMPerf().run(hf_engine, Workload.offline(2, 16, 4), warmup=False).gpu.roofline_fraction is None
+
+
+def test_the_sampler_reads_every_gpu_of_a_tensor_parallel_engine_at_each_tick(monkeypatch):
+    """Mechanics (stand-in NVML): one sample per device per tick, with the tick's time, so that the
+    engine's memory can be summed at one instant."""
+    import sys
+    import time
+
+    from pytest_llmperf.gpu import NvmlSampler
+
+    nvml = FakeNvml(good=10**6)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with NvmlSampler((2, 3), interval_s=0.001, slow_interval_s=3600) as sampler:
+        deadline = time.monotonic() + 30
+        while nvml.calls < 20 and time.monotonic() < deadline:
+            time.sleep(0.005)
+    samples = sampler.samples
+    assert [s.device for s in samples[:4]] == [2, 3, 2, 3]
+    assert all(a.t == b.t for a, b in zip(samples[::2], samples[1::2]))
+    assert {s.device: s.memory_used_bytes >> 30 for s in samples} == {2: 4, 3: 5}
+    assert nvml.energy_reads == 4  # each card's counter at the two ends
+
+
+def test_gpu_figures_of_an_engine_on_two_gpus_are_per_gpu_and_summed():
+    """Made-up samples of two cards (named as such): memory per card and at once over both, energy and
+    power over both, memory per request from the sum, utilisation per card."""
+    from pytest_llmperf.metrics import gpu_stats
+    from pytest_llmperf.trace import Chunk, GpuSample, RunTrace, SequenceTrace
+
+    gib = 1 << 30
+    samples = (GpuSample(0.0, 10 * gib, 10.0, 100.0, 1_000, 80 * gib, device=0),
+               GpuSample(0.0, 10 * gib, 30.0, 200.0, 5_000, 80 * gib, device=1),
+               GpuSample(1.0, 14 * gib, None, None, None, 80 * gib, device=0),
+               GpuSample(1.0, 16 * gib, None, None, None, 80 * gib, device=1),
+               GpuSample(2.0, 15 * gib, 50.0, 300.0, 3_000, 80 * gib, device=0),
+               GpuSample(2.0, 12 * gib, 70.0, 400.0, 9_000, 80 * gib, device=1))
+    seqs = tuple(SequenceTrace(i, 0, 16, 10, 0.0, (Chunk(1.0, 10),)) for i in range(2))
+    g = gpu_stats(RunTrace("made-up", seqs, 0.0, 2.0, gpu=samples), output_tokens=20)
+    assert g.devices == 2 and g.memory_peak_per_gpu_gib == (15.0, 16.0)
+    assert g.memory_peak_gib == 16.0  # the busiest card: the one that runs out first
+    assert g.memory_peak_all_gib == 30.0  # 14 + 16 at t=1, not 15 + 16 (never at once)
+    assert g.memory_per_request_mib == pytest.approx((30 - 20) * 1024 / 2)
+    assert g.energy_per_token_j == pytest.approx((2_000 + 4_000) / 1e3 / 20)
+    assert g.power_mean_w == pytest.approx(200 + 300)
+    assert g.utilization_per_gpu_pct == (30.0, 50.0) and g.utilization_mean_pct == 40.0
+    assert g.timeline == ((0.0, 20.0), (1.0, 30.0), (2.0, 27.0))
+
+
+def test_an_engine_spread_over_more_gpus_than_the_worker_has_fails_with_what_to_do(monkeypatch):
+    """Plumbing (a FAKE engine asking for tensor_parallel_size=2, stand-in NVML)."""
+    import sys
+
+    from fake_engine import WORKLOAD, FakeWarmingEngine
+
+    from pytest_llmperf.gpu import GpuError
+    from pytest_llmperf.runner import LLMPerf
+
+    class TwoGpuFake(FakeWarmingEngine):
+        @property
+        def config(self):
+            return {"tensor_parallel_size": 2}
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(good=10**6))
+    with pytest.raises(GpuError, match="spreads over 2 GPUs and this worker has 1 .0.: run with --llmperf-gpus-per-worker=2"):
+        LLMPerf(gpu_index=0).run(TwoGpuFake([0.05]), WORKLOAD, warmup=False)
+    r = LLMPerf(gpu_index=0, gpu_indices=(0, 1), gpu_interval_s=0.001).run(TwoGpuFake([0.05]), WORKLOAD, warmup=False)
+    assert r.gpu.devices == 2 and r.gpu.memory_peak_per_gpu_gib == (2.0, 3.0)

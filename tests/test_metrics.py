@@ -112,6 +112,9 @@ def test_roofline_fraction_is_the_bandwidth_floor_over_the_busy_time():
           KVSample(12.0, 0, 10, 16, 0, running=0, waiting=0))  # idle: not counted
     trace = RunTrace("fake", (seq(0, 10.0, [10.5, 11.5]),), 10.0, 13.0, kv, roofline=Roofline(100, 1, 1000.0))
     assert roofline_fraction(trace) == pytest.approx(0.5 / 2)
+    # tensor parallel over 2 cards: each reads half the weights and KV at once, so the floor halves
+    split = RunTrace("fake", (seq(0, 10.0, [10.5, 11.5]),), 10.0, 13.0, kv, roofline=Roofline(100, 1, 1000.0, 2))
+    assert roofline_fraction(split) == pytest.approx(0.5 / 2 / 2)
     assert roofline_fraction(RunTrace("fake", (), 0.0, 1.0, kv)) is None  # no roofline known: not measured
 
 

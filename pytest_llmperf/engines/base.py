@@ -9,7 +9,7 @@ import importlib.util
 import time
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..models import ModelSpec
@@ -53,6 +53,11 @@ def need(module: str, extra: str) -> Any:
         raise EngineError(f"{module.split('.')[0]} is missing: pip install 'pytest-llmperf[{extra}]'") from None
 
 
+def gpus_of(config: Mapping[str, Any]) -> int:
+    """GPUs an engine configuration asks for: vLLM's `tensor_parallel_size` x `pipeline_parallel_size`."""
+    return int(config.get("tensor_parallel_size") or 1) * int(config.get("pipeline_parallel_size") or 1)
+
+
 class Engine(ABC):
     """One loaded model behind one inference framework."""
 
@@ -74,6 +79,12 @@ class Engine(ABC):
     @property
     def model_path(self) -> str:
         return self.model.path
+
+    @property
+    def gpus(self) -> int:
+        """The GPUs the engine spreads over (tensor x pipeline parallel): the runner samples that many
+        of this worker's devices and sums their energy and memory."""
+        return gpus_of(self.config)
 
     @abstractmethod
     def run(self, workload: Workload, salt: int = 0) -> RunTrace:
