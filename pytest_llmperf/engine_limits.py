@@ -37,3 +37,9 @@ def current(max_total_len: int | None = None) -> EngineLimits:
     if max_total_len is not None:
         return EngineLimits(max_total_len, limits.block_sizes if limits else DEFAULT_BLOCK_SIZES)
     return limits or EngineLimits(DEFAULT_MAX_TOTAL_LEN)
+
+
+def published_max_model_len() -> int | None:
+    """The max model length of the engine the current test uses; None outside such a test."""
+    limits = _LIMITS.get()
+    return limits.max_model_len if limits else None

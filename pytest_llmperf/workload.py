@@ -10,10 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, Union
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .trace_replay import TraceInfo
 
 WORKLOAD_SCHEMA = 1
 # Token ids below this are left alone: real vocabularies keep special tokens (bos/eos/pad) there.
@@ -130,7 +134,13 @@ def as_distribution(spec: LengthSpec, what: str) -> Distribution:
 @dataclass(frozen=True)
 class Request:
     """One request. `n` asks for parallel samples of one prompt; requests of one `prefix_group`
-    share their first `prefix_len` prompt tokens (a system prompt)."""
+    share their first `prefix_len` prompt tokens (a system prompt).
+
+    `blocks` (a replayed trace's `hash_ids`) builds the prompt from blocks of `block_len` tokens
+    instead, the last one partial: a block id always expands to the same tokens, so two requests
+    whose block lists share a leading run share exactly those tokens. One group per request cannot
+    say that [1, 2, 3] shares two blocks with [1, 2, 9] and one with [1, 4]; block ids can.
+    """
 
     prompt_len: int
     output_len: int
@@ -138,9 +148,13 @@ class Request:
     prefix_group: int | None = None
     n: int = 1
     prefix_len: int = 0
+    blocks: tuple[int, ...] = ()
+    block_len: int = 0
 
     def __post_init__(self) -> None:
-        problems = []
+        if not isinstance(self.blocks, tuple):  # from_dict hands over JSON lists
+            object.__setattr__(self, "blocks", tuple(self.blocks))
+        problems = _block_problems(self)
         if not isinstance(self.prompt_len, (int, np.integer)) or self.prompt_len < 1:
             problems.append(f"prompt_len={self.prompt_len!r} must be an int >= 1")
         if not isinstance(self.output_len, (int, np.integer)) or self.output_len < 1:
@@ -161,6 +175,22 @@ class Request:
         return self.prompt_len + self.output_len
 
 
+def _block_problems(r: Request) -> list[str]:
+    if not r.blocks and not r.block_len:
+        return []
+    if not isinstance(r.block_len, (int, np.integer)) or r.block_len < 1:
+        return [f"block_len={r.block_len!r} must be an int >= 1 when blocks are given"]
+    problems = []
+    if any(not isinstance(b, (int, np.integer)) or isinstance(b, bool) or b < 0 for b in r.blocks):
+        problems.append("blocks must be ints >= 0")
+    if isinstance(r.prompt_len, (int, np.integer)) and len(r.blocks) != -(-r.prompt_len // r.block_len):
+        problems.append(f"prompt_len={r.prompt_len} needs {-(-r.prompt_len // r.block_len)} blocks of "
+                        f"{r.block_len} tokens, got {len(r.blocks)}")
+    if r.prefix_len:
+        problems.append("give blocks or prefix_len, not both")
+    return problems
+
+
 @dataclass(frozen=True)
 class Workload:
     """An ordered set of requests plus how they are offered to the engine.
@@ -174,6 +204,8 @@ class Workload:
     seed: int = 0
     concurrency: int | None = None
     kind: str = field(default="custom", compare=False)
+    # where a replayed trace came from and how many of its requests were clipped or skipped to fit
+    trace: TraceInfo | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.requests, tuple):
@@ -242,6 +274,33 @@ class Workload:
         )
         return cls(reqs, seed=seed, kind="shared_prefix")
 
+    @classmethod
+    def from_trace(
+        cls,
+        path: str | Path,
+        format: str = "mooncake",
+        *,
+        limit: int | None = None,
+        start: float | None = None,
+        duration_s: float | None = None,
+        time_scale: float = 1.0,
+        length_scale: float = 1.0,
+        max_total_len: int | None = None,
+        too_long: str = "error",
+        columns: dict[str, str] | None = None,
+        block_size: int | None = None,
+        timestamp_unit: str | None = None,
+        seed: int = 0,
+    ) -> Workload:
+        """A recorded trace replayed: its arrival times, lengths and (from `hash_ids`) prefix sharing.
+        `trace_replay.read_trace` documents every option."""
+        from .trace_replay import Replay, read_trace
+
+        replay = Replay(format=format, limit=limit, start=start, duration_s=duration_s, time_scale=time_scale,
+                        length_scale=length_scale, max_total_len=max_total_len, too_long=too_long, columns=columns,
+                        block_size=block_size, timestamp_unit=timestamp_unit)
+        return read_trace(path, replay, seed)
+
     # -- facts --------------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.requests)
@@ -267,6 +326,8 @@ class Workload:
         """
         req = self.requests[index]
         lo, hi = min(_FIRST_PLAIN_TOKEN, vocab_size // 2), vocab_size
+        if req.blocks:
+            return _block_tokens(req, [self.seed, 13, salt], lo, hi)
         own = np.random.default_rng([self.seed, 7, salt, index]).integers(lo, hi, size=req.prompt_len - req.prefix_len)
         if not req.prefix_len:
             return own.tolist()
@@ -275,30 +336,41 @@ class Workload:
 
     def as_offline(self) -> Workload:
         """The same requests handed over at once (arrivals and closed loop dropped)."""
-        reqs = tuple(Request(r.prompt_len, r.output_len, 0.0, r.prefix_group, r.n, r.prefix_len) for r in self.requests)
-        return Workload(reqs, seed=self.seed, kind=self.kind)
+        reqs = tuple(replace(r, arrival_s=0.0) for r in self.requests)
+        return Workload(reqs, seed=self.seed, kind=self.kind, trace=self.trace)
 
     # -- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "schema": WORKLOAD_SCHEMA,
             "kind": self.kind,
             "seed": self.seed,
             "concurrency": self.concurrency,
             "requests": [_request_dict(r) for r in self.requests],
         }
+        if self.trace is not None:  # absent otherwise, so that workloads without one read as before
+            out["trace"] = self.trace.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Workload:
         if data.get("schema", WORKLOAD_SCHEMA) != WORKLOAD_SCHEMA:
             raise ValueError(f"workload schema {data.get('schema')!r} is not {WORKLOAD_SCHEMA}: regenerate it")
         reqs = tuple(Request(**r) for r in data["requests"])
-        return cls(reqs, seed=data.get("seed", 0), concurrency=data.get("concurrency"), kind=data.get("kind", "custom"))
+        trace = None
+        if data.get("trace") is not None:
+            from .trace_replay import TraceInfo
+
+            trace = TraceInfo(**data["trace"])
+        return cls(reqs, seed=data.get("seed", 0), concurrency=data.get("concurrency"), kind=data.get("kind", "custom"),
+                   trace=trace)
 
     @property
     def hash(self) -> str:
-        """Content hash (requests, seed, concurrency): equal hashes mean the same traffic."""
-        content = {k: v for k, v in self.to_dict().items() if k != "kind"}
+        """Content hash (requests, seed, concurrency): equal hashes mean the same traffic. The trace's
+        file name and counts are left out: the requests already say what was replayed, and a renamed
+        copy of a trace is the same traffic."""
+        content = {k: v for k, v in self.to_dict().items() if k not in ("kind", "trace")}
         blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -308,7 +380,9 @@ class Workload:
         loop = f", concurrency {self.concurrency}" if self.concurrency else ""
         span = self.requests[-1].arrival_s
         arrivals = f", arrivals over {span:.2f}s" if span else ""
-        return f"{self.kind}: {len(self)} requests, prompt {min(p)}-{max(p)}, output {min(o)}-{max(o)}{loop}{arrivals}"
+        source = f", {self.trace.note()}" if self.trace is not None else ""
+        return (f"{self.kind}: {len(self)} requests, prompt {min(p)}-{max(p)}, output {min(o)}-{max(o)}"
+                f"{loop}{arrivals}{source}")
 
     def __repr__(self) -> str:
         return f"Workload.from_dict({self.to_dict()!r})"
@@ -317,8 +391,21 @@ class Workload:
 def _request_dict(r: Request) -> dict[str, Any]:
     d = asdict(r)
     # defaults are left out so that stored workloads stay short and readable
-    defaults = {"arrival_s": 0.0, "prefix_group": None, "n": 1, "prefix_len": 0}
-    return {k: (int(v) if isinstance(v, np.integer) else v) for k, v in d.items() if defaults.get(k, object()) != v}
+    defaults = {"arrival_s": 0.0, "prefix_group": None, "n": 1, "prefix_len": 0, "blocks": (), "block_len": 0}
+    out = {k: (int(v) if isinstance(v, np.integer) else v) for k, v in d.items() if defaults.get(k, object()) != v}
+    if "blocks" in out:
+        out["blocks"] = [int(b) for b in out["blocks"]]
+    return out
+
+
+def _block_tokens(req: Request, key: list[int], lo: int, hi: int) -> list[int]:
+    """The prompt built block by block: each block's tokens are drawn from its id alone (a partial last
+    block takes the first of them), so equal leading ids give equal leading tokens in any request."""
+    out: list[int] = []
+    for block in req.blocks:
+        need = min(req.block_len, req.prompt_len - len(out))
+        out += np.random.default_rng([*key, int(block)]).integers(lo, hi, size=req.block_len)[:need].tolist()
+    return out
 
 
 def _draw_lengths(n: int, prompt_len: LengthSpec, output_len: LengthSpec, seed: int) -> tuple[list[int], list[int]]:
