@@ -4,7 +4,8 @@ shares one engine per configuration and holds at most one at a time."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -54,8 +55,6 @@ def _engine_fixture(name: str | None) -> Callable[..., Iterator[Engine]]:
     return fixture
 
 
-hf_engine = pytest.fixture(_engine_fixture("hf"), name="hf_engine")
-vllm_engine = pytest.fixture(_engine_fixture("vllm"), name="vllm_engine")
 llm_engine = pytest.fixture(_engine_fixture(None), name="llm_engine")
 
 
@@ -69,9 +68,15 @@ def _factory_fixture(name: str) -> Callable[..., Callable[..., Engine]]:
     return fixture
 
 
-hf_engine_factory = pytest.fixture(_factory_fixture("hf"), name="hf_engine_factory")
-vllm_engine_factory = pytest.fixture(_factory_fixture("vllm"), name="vllm_engine_factory")
-openai_engine_factory = pytest.fixture(_factory_fixture("openai"), name="openai_engine_factory")
+def engine_fixtures(engines: Mapping[str, str]) -> ModuleType:
+    """A plugin module holding `<name>_engine` and `<name>_engine_factory` for each registered engine:
+    a package that registers an engine gets its fixtures with no change here."""
+    module = ModuleType("pytest_llmperf.engine_fixtures")
+    for name in engines:
+        setattr(module, f"{name}_engine", pytest.fixture(_engine_fixture(name), name=f"{name}_engine"))
+        setattr(module, f"{name}_engine_factory",
+                pytest.fixture(_factory_fixture(name), name=f"{name}_engine_factory"))
+    return module
 
 
 @pytest.fixture(scope="session")

@@ -25,17 +25,14 @@ from . import assertions, gating, properties, pytest_benchmark_bridge, soak
 from .assertions import Limit, MarkerError
 from .baseline import PAGING_MODES, TIMELINE, parse_tolerance, path_for, slug
 from .baseline import load as load_baseline
-from .engines.base import ENGINES, EnginePool, default_engine, gpus_of
+from .engines import registry
+from .engines.base import EnginePool, default_engine, gpus_of
 from .fixtures import (  # noqa: F401 - pytest finds a plugin's fixtures in its module
+    engine_fixtures,
     gpu_fixture,
-    hf_engine,
-    hf_engine_factory,
     llm_engine,
     llmperf,
     llmperf_session,
-    openai_engine_factory,
-    vllm_engine,
-    vllm_engine_factory,
     vllm_server,
 )
 from .gpu import (
@@ -81,8 +78,10 @@ def parse_engine_config(text: str, option: str = "engine-config") -> dict[str, A
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("llmperf", "LLM inference performance assertions")
-    group.addoption("--llmperf-engine", default=None, choices=("hf", "vllm", "openai"),
-                    help="engine behind llm_engine (default: vllm when installed, else hf)")
+    # no `choices`: engines are registered (engines/registry.py), checked when the session starts
+    group.addoption("--llmperf-engine", default=None,
+                    help="engine behind llm_engine: hf, vllm, openai or one a package registers "
+                         "(default: vllm when installed, else hf)")
     group.addoption("--llmperf-base-url", default=None,
                     help="openai engine: the server, e.g. http://127.0.0.1:8000/v1")
     group.addoption("--llmperf-served-model", default=None,
@@ -186,9 +185,13 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--llmperf-retries/llmperf_retries={given!r}: give the number of extra measurements, "
                                 "0 or more (e.g. 2)")
     _gpus_option(config)  # a bad value is a usage error now, not when the first test claims its GPUs
+    engines = registry.discover()
     engine_name = _option(config, "engine") or default_engine()
-    if engine_name not in ENGINES:
-        raise pytest.UsageError(f"llmperf_engine={engine_name!r}: choose one of {', '.join(sorted(ENGINES))}")
+    if engine_name not in engines:
+        raise pytest.UsageError(f"llmperf_engine={engine_name!r}: choose one of {', '.join(sorted(engines))}, or install "
+                                f"a package that registers it under the entry-point group {registry.GROUP!r}")
+    # `<name>_engine` and `<name>_engine_factory` for every registered engine, the built-in ones too
+    config.pluginmanager.register(engine_fixtures(engines), "llmperf-engine-fixtures")
     config.stash[SESSION] = Session(
         engine_name=engine_name,
         model_spec=model_spec,
@@ -200,7 +203,8 @@ def pytest_configure(config: pytest.Config) -> None:
                                _update_args(config, model_spec),
                                paging),
         report_dir=_report_dir(_option(config, "report")),
-        pool=EnginePool(),
+        pool=EnginePool(engines=engines),
+        engines=engines,
         retries=retries,
         warmup=_warmup_option(config),
         openai_defaults={k: v for k, v in (("base_url", _option(config, "base-url")),
@@ -377,7 +381,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     config.stash[_CARRIED] = _mark_hardware(items, config.stash[SESSION].hardware)
     # Tests that share an engine configuration run together, so each engine starts once (per soak round).
     items.sort(key=lambda item: (soak.round_of(item), _engine_group(item)))
-    properties.apply_profile(items, config)
+    properties.apply_profile([i for i in items if _uses_plugin(i)], config)
 
 
 _CARRIED = pytest.StashKey[dict[str, int]]()
@@ -400,7 +404,8 @@ def _mark_hardware(items: list[pytest.Item], hardware: str) -> dict[str, int]:
 
 def _uses_plugin(item: pytest.Item) -> bool:
     fixtures = set(getattr(item, "fixturenames", ()))
-    return bool(fixtures & properties.PLUGIN_FIXTURES) or any(
+    engines = item.config.stash[SESSION].engines
+    return bool(fixtures & (properties.PLUGIN_FIXTURES | registry.fixture_names(engines))) or any(
         m.name in assertions.MARKERS or m.name in (ENGINE_MARKER, gating.TOLERANCE_MARKER) for m in item.iter_markers())
 
 

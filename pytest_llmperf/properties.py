@@ -23,8 +23,8 @@ from .metrics import PerfResult
 from .workload import Workload
 
 PROFILE = "llmperf"
-PLUGIN_FIXTURES = frozenset({"llmperf", "llm_engine", "hf_engine", "vllm_engine", "hf_engine_factory",
-                             "vllm_engine_factory"})
+# and each registered engine's `<name>_engine` / `<name>_engine_factory` (engines.registry.fixture_names)
+PLUGIN_FIXTURES = frozenset({"llmperf", "llm_engine"})
 
 
 class PerfLimitExceeded(AssertionError):
@@ -54,11 +54,11 @@ def register_profile() -> None:
 
 
 def apply_profile(items: Sequence[pytest.Item], config: pytest.Config) -> None:
-    """The `llmperf` profile for property tests that use the plugin's fixtures, unless the test has its
+    """The `llmperf` profile for the property tests among `items` (those that use the plugin), unless the test has its
     own `@settings` or the run chose a profile (`--hypothesis-profile`)."""
     if config.getoption("hypothesis_profile", None):
         return
-    chosen = [i for i in items if is_property_test(i) and PLUGIN_FIXTURES & set(getattr(i, "fixturenames", ()))]
+    chosen = [i for i in items if is_property_test(i)]
     if not chosen:
         return
     from hypothesis import settings

@@ -34,6 +34,7 @@ class Session:
     gpu: GpuInfo | None  # the first of `gpus`
     gate: gating.GateConfig
     gpus: tuple[GpuInfo, ...] = ()  # this worker's GPUs: as many as its engines spread over
+    engines: dict[str, str] = field(default_factory=dict)  # registered engines (engines.registry)
     pool: EnginePool = field(default_factory=EnginePool)
     models: dict[str, ModelSpec] = field(default_factory=dict)
     report_dir: Path | None = None

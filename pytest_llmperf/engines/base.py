@@ -16,13 +16,7 @@ from ..models import ModelSpec
 from ..timing import PhaseTimes
 from ..trace import RunTrace
 from ..workload import Request, Workload
-
-# name -> "module:Class"; imported only when that engine is asked for (the plugin must load fast)
-ENGINES = {
-    "hf": "pytest_llmperf.engines.hf:HFEngine",
-    "vllm": "pytest_llmperf.engines.vllm:VLLMEngine",
-    "openai": "pytest_llmperf.engines.openai:OpenAIEngine",
-}
+from .registry import BUILTIN, GROUP
 
 
 async def wait_for_turn(request: Request, start: float, slots: asyncio.Semaphore | None) -> None:
@@ -109,11 +103,17 @@ class Engine(ABC):
         return f"<{type(self).__name__} {self.name} {getattr(self, 'version', '?')} model={model}>"
 
 
-def engine_class(name: str) -> type[Engine]:
-    if name not in ENGINES:
-        raise EngineError(f"unknown engine {name!r}: choose one of {', '.join(sorted(ENGINES))}")
-    module, cls = ENGINES[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+def engine_class(name: str, engines: Mapping[str, str] = BUILTIN) -> type[Engine]:
+    """The class registered as `name` (engines.registry), imported now."""
+    if name not in engines:
+        raise EngineError(f"unknown engine {name!r}: choose one of {', '.join(sorted(engines))}, or install a "
+                          f"package that registers it under the entry-point group {GROUP!r}")
+    module, _, attr = engines[name].partition(":")
+    cls = getattr(importlib.import_module(module), attr)
+    if not (isinstance(cls, type) and issubclass(cls, Engine)):
+        raise EngineError(f"engine {name!r} is registered as {engines[name]!r}, which is not a subclass of "
+                          "pytest_llmperf.engines.base.Engine")
+    return cls
 
 
 def default_engine() -> str:
@@ -132,7 +132,9 @@ class EnginePool:
     different configuration shuts the live engine down (and frees its memory) before the next starts.
     """
 
-    def __init__(self, after_close: Callable[[], None] | None = None, times: PhaseTimes | None = None) -> None:
+    def __init__(self, after_close: Callable[[], None] | None = None, times: PhaseTimes | None = None,
+                 engines: Mapping[str, str] = BUILTIN) -> None:
+        self.engines = engines  # name -> "module:Class" (engines.registry)
         self._key: str | None = None
         self.times = times or PhaseTimes()
         self._engine: Engine | None = None
@@ -147,7 +149,7 @@ class EnginePool:
         if self._engine is not None and key == self._key and getattr(self._engine, "alive", True):
             return self._engine
         self.close()
-        cls = engine_class(name)
+        cls = engine_class(name, self.engines)
         with self.times.timed("engine start"):
             self._engine = cls(model, dict(config))
         self._key = key
