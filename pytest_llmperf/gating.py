@@ -13,11 +13,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import baseline
+from . import baseline, markers
 from .baseline import BaselineError, Entry, Verdict
 from .runner import LLMPerf
 
-TOLERANCE_MARKER = "llmperf_tolerance"
 # compare: judge against the stored baseline, a missing or stale one is reported; require: as compare,
 # and a test whose results are not all compared fails (the pull-request gate); update: record; off
 MODES = ("compare", "require", "update", "off")
@@ -94,10 +93,10 @@ def tolerances(marks: list[Mapping[str, Any]]) -> dict[str, float]:
         for key, value in kwargs.items():
             metric = baseline.metric_name(key)
             if metric not in baseline.COMPARED:
-                raise BaselineError(f"@pytest.mark.{TOLERANCE_MARKER}({key}=...): unknown metric; "
+                raise BaselineError(f"@pytest.mark.{markers.TOLERANCE}({key}=...): unknown metric; "
                                     f"compared metrics: {', '.join(baseline.COMPARED)}")
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise BaselineError(f"@pytest.mark.{TOLERANCE_MARKER}({key}={value!r}): give a fraction >= 0, e.g. 0.15")
+                raise BaselineError(f"@pytest.mark.{markers.TOLERANCE}({key}={value!r}): give a fraction >= 0, e.g. 0.15")
             out[metric] = float(value)
     return out
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from . import assertions, gating, properties, pytest_benchmark_bridge, soak
+from . import assertions, gating, markers, properties, pytest_benchmark_bridge, soak
 from .assertions import Limit, MarkerError
 from .baseline import PAGING_MODES, TIMELINE, parse_tolerance, path_for, slug
 from .baseline import load as load_baseline
@@ -51,7 +51,7 @@ from .paging_timeline import Timeline, divergence_step
 from .report import HEADLINE, TestRecord, baseline_counts, cell, result_name, result_record
 from .report import write as write_report
 from .runner import WARMUP_MODES, LLMPerf
-from .session import ENGINE_MARKER, LIMITS, PERF, SESSION, Session, engine_options
+from .session import LIMITS, PERF, SESSION, Session, engine_options
 
 
 # -- options ---------------------------------------------------------------------------------------
@@ -147,23 +147,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for name in assertions.MARKERS:
-        config.addinivalue_line("markers", assertions.marker_help(name))
-    config.addinivalue_line(
-        "markers",
-        f"{ENGINE_MARKER}(**options): llmperf: engine options for this test or module, passed to the engine "
-        "unchanged (e.g. block_size=32, max_num_seqs=64); engines are cached per distinct option set.",
-    )
-    for cls in KNOWN_CLASSES:
-        config.addinivalue_line("markers", f"{cls}: llmperf: run only on {cls} hardware (select with -m {cls})")
-    config.addinivalue_line(
-        "markers",
-        f"{gating.TOLERANCE_MARKER}(**metric_fractions): llmperf: relative tolerance per metric against the stored "
-        "baseline, e.g. p99_ttft_ms=0.15 (also ttft_p99=0.15); paging metrics given here stop comparing exactly.",
-    )
     hardware = _option(config, "hardware") or _machine_class()
-    if hardware not in KNOWN_CLASSES:
-        config.addinivalue_line("markers", f"{hardware}: llmperf: run only on {hardware} hardware (this machine's class)")
+    for line in markers.catalogue(hardware):
+        config.addinivalue_line("markers", line)
     model_spec = _option(config, "model") or DEFAULT_MODEL
     mode = _option(config, "baseline") or "compare"
     if mode not in gating.MODES:
@@ -406,7 +392,7 @@ def _uses_plugin(item: pytest.Item) -> bool:
     fixtures = set(getattr(item, "fixturenames", ()))
     engines = item.config.stash[SESSION].engines
     return bool(fixtures & (properties.PLUGIN_FIXTURES | registry.fixture_names(engines))) or any(
-        m.name in assertions.MARKERS or m.name in (ENGINE_MARKER, gating.TOLERANCE_MARKER) for m in item.iter_markers())
+        markers.is_plugin_marker(m.name) for m in item.iter_markers())
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -507,7 +493,7 @@ def _check_baseline_file(item: pytest.Item) -> None:
     gate = item.config.stash[SESSION].gate
     if gate.mode in ("off", "update") or not _uses_plugin(item):
         return
-    gating.tolerances([m.kwargs for m in item.iter_markers(gating.TOLERANCE_MARKER)])
+    gating.tolerances([m.kwargs for m in item.iter_markers(markers.TOLERANCE)])
     load_baseline(path_for(gate.root, item.nodeid, gate.hardware, gate.model))
 
 
@@ -677,7 +663,7 @@ def _gate(item: pytest.Item, perf: LLMPerf) -> tuple[tuple[str, bool] | None, ga
     """Baseline comparison (or update) of a test whose limits held."""
     state = item.config.stash[SESSION]
     try:
-        tol = gating.tolerances([m.kwargs for m in reversed(list(item.iter_markers(gating.TOLERANCE_MARKER)))])
+        tol = gating.tolerances([m.kwargs for m in reversed(list(item.iter_markers(markers.TOLERANCE)))])
         env = gating.environment(perf, state.hardware, state.gpu)
         verdict = gating.gate(item.nodeid, perf, state.gate, env, tol)
     except gating.BaselineError as e:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from . import gating
+from . import gating, markers
 from .assertions import Limit, MarkerError
 from .engines.base import Engine, EnginePool
 from .gpu import GpuInfo, measure_bandwidth
@@ -19,8 +19,6 @@ from .models import ModelSpec, footprint, model_config, resolve_model
 from .report import TestRecord
 from .runner import LLMPerf
 from .trace import Roofline
-
-ENGINE_MARKER = "llmperf_engine"
 
 
 @dataclass
@@ -103,8 +101,8 @@ def hardware_class(config: pytest.Config) -> str:
 
 def engine_options(item: pytest.Item) -> dict[str, Any]:
     options: dict[str, Any] = {}
-    for mark in reversed(list(item.iter_markers(ENGINE_MARKER))):  # module first, the test's own last
+    for mark in reversed(list(item.iter_markers(markers.ENGINE))):  # module first, the test's own last
         if mark.args:
-            raise MarkerError(f"@pytest.mark.{ENGINE_MARKER} takes keyword options only, got {mark.args!r}")
+            raise MarkerError(f"@pytest.mark.{markers.ENGINE} takes keyword options only, got {mark.args!r}")
         options.update(mark.kwargs)
     return options

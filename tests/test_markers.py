@@ -183,3 +183,15 @@ def test_a_violated_timing_limit_is_measured_again_before_it_fails(pytester, dur
         assert "p99_ttft_ms = 1500 ms > limit 1200 ms" in out and "1300 ms" not in out
         row = next(line for line in out.splitlines() if "::test_noisy " in line and " failed" in line)
         assert " 1500.0 " in row, row
+
+
+def test_every_marker_the_plugin_registers_comes_from_one_catalogue(pytester):
+    """`pytest --markers` lists exactly the catalogue's lines: limits, engine options, tolerance and every
+    hardware class, with nothing registered elsewhere."""
+    from pytest_llmperf import markers
+
+    result = pytester.runpytest_inprocess("--markers", "--llmperf-hardware=cpu")
+    listed = [line.removeprefix("@pytest.mark.") for line in result.stdout.lines if "llmperf:" in line]
+    assert listed == [line.splitlines()[0] for line in markers.catalogue("cpu")]
+    assert markers.is_plugin_marker("max_p99_ms") and markers.is_plugin_marker(markers.TOLERANCE)
+    assert not markers.is_plugin_marker("h200")  # a hardware class alone does not make a test a plugin user
