@@ -29,6 +29,9 @@ def test_nvml_figures_on_transformers(hf_engine, llmperf):
     assert 0 < g.memory_idle_gib <= g.memory_peak_gib < g.memory_total_gib
     assert g.framework_peak_gib > 0 and g.energy_per_token_j > 0 and g.memory_per_request_mib >= 0
     assert g.utilization_mean_pct is not None and g.power_mean_w > 0
+    # one GPU: the per-GPU figures and the sums over the engine's GPUs are the card's own
+    assert g.devices == 1 and g.memory_peak_per_gpu_gib == (g.memory_peak_gib,) == (g.memory_peak_all_gib,)
+    assert g.utilization_per_gpu_pct == (g.utilization_mean_pct,)
     print(f"NVML hf: peak {g.memory_peak_gib:.2f} GiB (idle {g.memory_idle_gib:.2f}), torch peak "
           f"{g.framework_peak_gib:.2f} GiB, {g.energy_per_token_j:.4f} J/token, {g.memory_per_request_mib:.1f} "
           f"MiB/request, util {g.utilization_mean_pct:.0f}%, {g.power_mean_w:.0f} W")
@@ -89,7 +92,27 @@ def test_each_xdist_worker_takes_its_own_gpu(pytester):
         seen = [json.loads(p.read_text()) for p in sorted(pytester.path.glob("gw*.json"))]
         assert sorted(s["visible"] for s in seen) == ["0", "1"] and sorted(s["index"] for s in seen) == [0, 1]
         too_many = pytester.runpytest_subprocess("-n", str(device_count() + 1), "-p", "no:cacheprovider")
-        assert "has no GPU of its own" in too_many.stdout.str() + too_many.stderr.str()
+        assert "needs 1 GPU of its own and has 0" in too_many.stdout.str() + too_many.stderr.str()
     finally:
         if env_before is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = env_before
+
+
+@pytest.mark.skipif(device_count() < 2, reason="needs two GPUs")
+@pytest.mark.llmperf_engine(gpu_memory_utilization=0.3, max_model_len=2048, disable_custom_all_reduce=True)
+def test_tensor_parallel_2_beside_1_is_measured_on_every_gpu_it_uses(vllm_engine_factory, llmperf):
+    """TP=1 and TP=2 of the same shape on one workload: the TP=2 engine's memory on each of its cards,
+    its energy per token over both (pure NCCL: no custom all-reduce; NCCL_NVLS_ENABLE=0 in the run)."""
+    w = Workload.offline(128, prompt_len=(64, 512), output_len=(64, 256), seed=3)
+    one = llmperf.run(vllm_engine_factory(), w, label="tp1")
+    two = llmperf.run(vllm_engine_factory(tensor_parallel_size=2), w, label="tp2")
+    assert one.gpu.devices == 1 and two.gpu.devices == 2
+    assert all(m > 10 for m in two.gpu.memory_peak_per_gpu_gib)  # vLLM reserved 30% of each card
+    assert two.gpu.memory_peak_all_gib > 1.5 * two.gpu.memory_peak_gib
+    assert two.gpu.energy_per_token_j > 0 and len(two.gpu.utilization_per_gpu_pct) == 2
+    for r in (one, two):
+        g = r.gpu
+        print(f"{r.label}: {r.throughput.output_tokens_per_s:.0f} out tok/s, TTFT p50 {r.ttft.p50:.1f} ms, TPOT p50 "
+              f"{r.tpot.p50:.2f} ms, memory per GPU {', '.join(f'{m:.1f}' for m in g.memory_peak_per_gpu_gib)} GiB "
+              f"(all {g.memory_peak_all_gib:.1f}), {g.energy_per_token_j:.4f} J/token, util per GPU "
+              f"{', '.join(f'{u:.0f}%' for u in g.utilization_per_gpu_pct if u is not None)}")
