@@ -168,7 +168,14 @@ def compare_files(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: flo
 
 
 def result_name(res: Mapping[str, Any]) -> str:
-    return res["label"] + (" (partial)" if res.get("summary", {}).get("partial") else "")
+    return res["label"] + (" (partial)" if res.get("summary", {}).get("partial") else "") + _trace_note(res)
+
+
+def _trace_note(res: Mapping[str, Any]) -> str:
+    """A replayed trace's requests clipped or skipped to fit: the result measured less than the trace."""
+    trace = (res.get("workload") or {}).get("trace") or {}
+    changed = [f"{trace[k]} {k}" for k in ("clipped", "skipped") if trace.get(k)]
+    return f" (trace: {', '.join(changed)})" if changed else ""
 
 
 def cell(value: Any) -> str:

@@ -191,3 +191,12 @@ def test_vllm_prefix_cache_serves_what_the_trace_hash_ids_predict(vllm_engine, l
     print(f"prefix hit rate: measured {measured:.4f}, predicted from hash_ids {expected:.4f}")
     assert measured > 0 and expected > 0.05
     assert measured == pytest.approx(expected, rel=0.2)
+
+
+def test_reports_show_how_many_trace_requests_were_clipped_or_skipped(tmp_path):
+    from pytest_llmperf.report import result_name
+
+    clipped = Workload.from_trace(mooncake(tmp_path, *THREE), max_total_len=1200, too_long="clip")
+    assert result_name({"label": "replay", "workload": clipped.to_dict()}) == "replay (trace: 1 clipped)"
+    whole = Workload.from_trace(mooncake(tmp_path, *THREE))
+    assert result_name({"label": "replay", "workload": whole.to_dict()}) == "replay"
