@@ -7,7 +7,7 @@ catch): max_num_seqs halved, a smaller KV budget, and slower engine steps costin
 throughput (a scheduler that waits in `schedule()` for a share of each step's own time, spun on the
 CPU or, with `--slow-on gpu`, by a GPU kernel queued before the step; the loss it really caused is
 printed beside it). Every run is judged by the plugin's
-own gate (`gating.judge`) at each tolerance given (the default, 10%, unless given), with the default
+own gate (`remeasure.judged_against_baseline`) at each tolerance given (the default, 10%, unless given), with the default
 repeats (1) and retries (2) unless given, and also on its first pass alone (retries 0) to show what
 measuring again buys.
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from _emit import emit
 
-from pytest_llmperf import Workload, gating
+from pytest_llmperf import Workload, gating, remeasure
 from pytest_llmperf import baseline as bl
 from pytest_llmperf.engines.vllm import VLLMEngine
 from pytest_llmperf.gpu import detect
@@ -55,7 +55,7 @@ class Run:
         return self.kept[index, salt]
 
     def judged(self, stored, tolerance: float, retries: int) -> bl.Verdict:
-        return gating.judge(stored, self, gating.entries(self.perf), {}, tolerance, retries)  # type: ignore[arg-type]
+        return remeasure.judged_against_baseline(stored, self, gating.entries(self.perf), {}, tolerance, retries)  # type: ignore[arg-type]
 
     @property
     def passes(self) -> int:
@@ -153,7 +153,7 @@ def main() -> int:
     baseline_runs, engine = measured_runs(base, {}, model, workload, 1, args.repeats, args.warmup)
     perf = baseline_runs[0].perf
     recorded = perf.results[0]
-    best = gating.measured_again(perf, gating.entries(perf), {e.label for e in gating.entries(perf)}, args.retries)
+    best = remeasure.best_of_more_passes(perf, gating.entries(perf), {e.label for e in gating.entries(perf)}, args.retries)
     stored = bl.document("bench", "any", "model", {}, best)
     step_s = recorded.duration_s / max(len(recorded.kv.timeline), 1) / args.repeats
     done(engine, {})

@@ -329,25 +329,6 @@ def could_be_noise(violations: Sequence[Violation], offline: bool) -> bool:
     return not (offline and all(v.limit.metric.startswith("kv_") for v in violations))
 
 
-def measured_again(limits: Sequence[Limit], violations: list[Violation], offline: bool,
-                   again: Callable[[int], PerfResult], retries: int) -> tuple[list[Violation], int]:
-    """One result's violations that hold in every measurement, and how many measurements were made:
-    while they could be noise, the result is measured again (`again(n)` for the n-th time), up to
-    `retries` times, and none are left once one measurement violates no limit. A busy host slows some
-    passes; a regression slows all of them."""
-    measured, first = 1, violations
-    if violations and could_be_noise(violations, offline):
-        for n in range(1, retries + 1):
-            violations = check(limits, [again(n)])
-            measured += 1
-            if not violations:
-                break
-    # what fails is shown with the first pass's values, the pass the summary table and results.json
-    # show; a limit only a later pass broke is shown with that pass's value
-    still, broke_first = [v.limit for v in violations], [v.limit for v in first]
-    return ([v for v in first if v.limit in still] + [v for v in violations if v.limit not in broke_first]), measured
-
-
 def check_sweeps(limits: Iterable[Limit], sweeps: Sequence[Sweep]) -> list[Violation]:
     """Curve limits against the recorded sweeps; MarkerError when no sweep of the right kind exists."""
     violations = []

@@ -455,3 +455,19 @@ def _fmt_pair(old: float, new: float) -> str:
     if a == b and old != new:
         a, b = f"{old:.6g}", f"{new:.6g}"
     return f"{a} -> {b}"
+
+
+# -- a measured result as an entry --------------------------------------------------------------
+def result_entry(result: Any, workload: Any, engine: Any, index: int) -> Entry:
+    # paging repeats exactly only when the whole batch is handed over at once and the KV pool does not
+    # depend on the machine's free memory: then its step timeline is kept too
+    deterministic = workload.is_offline and engine.fixed_kv_budget
+    steps = result.kv.steps
+    return Entry(label=label_of(result, index), workload_hash=result.workload_hash,
+                 deterministic=deterministic, metrics=result.flat(),
+                 per_repeat=list(result.per_repeat), noise=dict(result.noise), engine=engine.name,
+                 samples=dict(result.samples), timeline=steps.to_dict() if deterministic and steps and steps.steps else {})
+
+
+def label_of(result: Any, index: int) -> str:
+    return result.label or str(index)

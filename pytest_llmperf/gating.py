@@ -9,12 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import baseline, markers
-from .baseline import BaselineError, Entry, Verdict
+from . import baseline, markers, remeasure
+from .baseline import BaselineError, Entry, Verdict, label_of, result_entry
 from .runner import LLMPerf
 
 # compare: judge against the stored baseline, a missing or stale one is reported; require: as compare,
@@ -56,21 +56,6 @@ def entries(perf: LLMPerf) -> list[Entry]:
     return points + curves
 
 
-def result_entry(result: Any, workload: Any, engine: Any, index: int) -> Entry:
-    # paging repeats exactly only when the whole batch is handed over at once and the KV pool does not
-    # depend on the machine's free memory: then its step timeline is kept too
-    deterministic = workload.is_offline and engine.fixed_kv_budget
-    steps = result.kv.steps
-    return Entry(label=_label(result, index), workload_hash=result.workload_hash,
-                 deterministic=deterministic, metrics=result.flat(),
-                 per_repeat=list(result.per_repeat), noise=dict(result.noise), engine=engine.name,
-                 samples=dict(result.samples), timeline=steps.to_dict() if deterministic and steps and steps.steps else {})
-
-
-def _label(result: Any, index: int) -> str:
-    return result.label or str(index)
-
-
 def _curve_hash(sweep: Any) -> str:
     points = "searched" if sweep.searched else [p.result.workload_hash for p in sweep.points]
     text = json.dumps([sweep.kind, sorted(sweep.under.items()), points])
@@ -109,7 +94,7 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
     path = baseline.path_for(cfg.root, test_id, cfg.hardware, cfg.model)
     # a result whose engine died during its run (a test that caught the error) is never a baseline and
     # never compared: its label stays uncompared, which --llmperf-baseline=require reports
-    partial = {_label(r, i) for i, r in enumerate(perf.results) if r.partial}
+    partial = {label_of(r, i) for i, r in enumerate(perf.results) if r.partial}
     current = [e for e in entries(perf) if e.label not in partial]
     if cfg.mode == "update" and partial:
         raise BaselineError(f"result {', '.join(map(repr, sorted(partial)))} is partial (its engine died during the "
@@ -128,7 +113,8 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
     if stored is None:
         return Verdict(baseline.NO_BASELINE, message=_missing(cfg, path),
                        labels={e.label: baseline.NO_BASELINE for e in current})
-    return judge(stored, perf, current, {**cfg.tolerances, **tol}, cfg.tolerance, cfg.retries, cfg.paging)
+    return remeasure.judged_against_baseline(stored, perf, current, {**cfg.tolerances, **tol}, cfg.tolerance,
+                                             cfg.retries, cfg.paging)
 
 
 def _recorded(perf: LLMPerf, current: Sequence[Entry], retries: int) -> list[Entry]:
@@ -136,8 +122,8 @@ def _recorded(perf: LLMPerf, current: Sequence[Entry], retries: int) -> list[Ent
     that the file also says how far two starts of this engine land apart on each metric (a comparison
     always crosses a start: the baseline's CI job and the pull request's)."""
     labels = {e.label for e in current}
-    out = measured_again(perf, current, labels, retries - 1) if retries > 1 else list(current)
-    return measured_again(perf, out, labels, 1, salt=retries, fresh_start=True) if retries >= 1 else out
+    out = remeasure.best_of_more_passes(perf, current, labels, retries - 1) if retries > 1 else list(current)
+    return remeasure.best_of_more_passes(perf, out, labels, 1, salt=retries, fresh_start=True) if retries >= 1 else out
 
 
 def unmet_requirement(verdict: Verdict | None, cfg: GateConfig, test_id: str) -> str | None:
@@ -159,69 +145,6 @@ def _missing(cfg: GateConfig, path: Path) -> str:
 def _first_line(text: str) -> str:
     lines = [line for line in text.splitlines() if line.strip()]
     return lines[0] + (f" (and {len(lines) - 1} more)" if len(lines) > 1 else "") if lines else "not compared"
-
-
-def judge(stored: Mapping[str, Any], perf: LLMPerf, current: Sequence[Entry], tol: Mapping[str, float],
-          default_tolerance: float, retries: int, paging: str = "strict") -> Verdict:
-    """The comparison, with a second look at a regression that could be noise: a result that regresses
-    on timing metrics only is measured again, up to `retries` times, each time in a fresh start of its
-    engine, and judged by its best pass. A baseline was recorded in another engine start (another CI
-    job), and starts differ where the passes of one start agree; a busy host or an unlucky start slows
-    some passes, a regression slows all of them (docs/performance.md, false alarms)."""
-    verdict = baseline.compare(stored, current, tol, default_tolerance, paging)
-    suspects = verdict.worth_measuring_again() & set(_result_indices(perf))
-    first = set(suspects)
-    for n in range(1, retries + 1):
-        if not suspects:
-            break
-        try:
-            current = measured_again(perf, current, suspects, 1, salt=n, fresh_start=True)
-        except Exception as e:  # noqa: BLE001 - judged on what was measured; the engine's error is shown
-            return replace(verdict, message=_joined(verdict.message, f"could not measure {', '.join(sorted(suspects))} "
-                                                    f"again ({type(e).__name__}: {e}); judged on the passes measured"))
-        verdict = baseline.compare(stored, current, tol, default_tolerance, paging)
-        suspects &= verdict.worth_measuring_again()
-    cleared = first - {r.label for r in verdict.regressions}
-    if cleared:
-        passes = {e.label: e.passes for e in current}
-        verdict = replace(verdict, message=_joined(verdict.message, "; ".join(
-            f"{label!r} regressed in its first pass and was measured again: the best of {passes[label]} passes "
-            "is within tolerance (noise, not a regression)" for label in sorted(cleared))))
-    return verdict
-
-
-def measured_again(perf: LLMPerf, current: Sequence[Entry], labels: set[str], times: int, salt: int = 1,
-                   fresh_start: bool = False) -> list[Entry]:
-    """`current` with each result named in `labels` measured `times` more and replaced by its best
-    (`baseline.best_of`); sweep capacities are derived, not measured, and stay as they are. With
-    `fresh_start`, each engine involved is started again first (once, for all its results)."""
-    indices = _result_indices(perf)
-    out = list(current)
-    wanted = [pos for pos, e in enumerate(out) if e.label in labels and e.label in indices]
-    started: list[Any] = []
-    for pos in sorted(wanted, key=lambda pos: _restart_order(perf, indices[out[pos].label])):
-        entry = out[pos]
-        i = indices[entry.label]
-        if fresh_start and not any(perf.engines[i] is e for e in started):
-            started.append(perf.restart_engine(i))
-        again = [result_entry(perf.remeasure(i, salt + k), perf.workloads[i], perf.engines[i], i) for k in range(times)]
-        out[pos] = baseline.best_of([entry, *again])
-    return out
-
-
-def _restart_order(perf: LLMPerf, index: int) -> tuple[bool, int]:
-    """Results of the live engine first, then those of each engine the pool has closed, grouped by
-    engine: a test that measured two engines restarts each closed one once, not once per result."""
-    engine = perf.engines[index]
-    return not getattr(engine, "alive", True), next(i for i, e in enumerate(perf.engines) if e is engine)
-
-
-def _result_indices(perf: LLMPerf) -> dict[str, int]:
-    """Baseline label -> index of the result it came from (as `entries` labels them)."""
-    out: dict[str, int] = {}
-    for i, result in enumerate(perf.results):
-        out.setdefault(_label(result, i), i)
-    return out
 
 
 def _joined(*parts: str) -> str:

@@ -15,13 +15,12 @@ import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from . import assertions, gating, markers, properties, pytest_benchmark_bridge, soak
+from . import assertions, gating, markers, properties, pytest_benchmark_bridge, remeasure, soak
 from .assertions import Limit, MarkerError
 from .baseline import PAGING_MODES, TIMELINE, parse_tolerance, path_for, slug
 from .baseline import load as load_baseline
@@ -558,7 +557,7 @@ def _judge(item: pytest.Item) -> tuple[str, bool] | None:
         point_limits = assertions.with_default_error_limit(point_limits)
     try:
         violations = assertions.check(point_limits if results else [], results)
-        violations, notes = _measured_again(perf, point_limits, violations, item.config.stash[SESSION].retries)
+        violations, notes = remeasure.test_limits_again(perf, point_limits, violations, item.config.stash[SESSION].retries)
         violations += assertions.check_sweeps(curve_limits, sweeps)
     except MarkerError as e:
         return f"llmperf: {item.nodeid}: {e}", False
@@ -583,37 +582,6 @@ def _note(item: pytest.Item, title: str, text: str) -> None:
     item.stash.setdefault(_NOTES, []).append((title, text))
 
 
-def _measured_again(perf: LLMPerf | None, limits: list[Limit], violations: list[assertions.Violation],
-                    retries: int) -> tuple[list[assertions.Violation], list[str]]:
-    """The violations that hold in every measurement. A result whose violations could be noise is
-    measured again on its engine, up to `retries` times, and its limits hold when one measurement
-    violates none, as for a property-test example: a busy host slows some passes, a regression all."""
-    if perf is None or not violations:
-        return violations, []
-    kept, notes = [], []
-    for i, result in enumerate(perf.results):
-        mine = [v for v in violations if v.result is result]
-        if not mine:
-            continue
-        name = repr(result.label) if result.label else f"result {i}"
-        try:
-            left, measured = assertions.measured_again(limits, mine, perf.workloads[i].is_offline,
-                                                       partial(perf.remeasure, i), retries)
-        except MarkerError:
-            raise
-        except Exception as e:  # noqa: BLE001 - judged on what was measured; the engine's error is shown
-            notes.append(f"could not measure {name} again ({type(e).__name__}: {e}); judged on the passes measured")
-            left = mine
-        else:
-            if measured > 1:
-                notes.append(f"{name} violated limits in all {measured} measurements (the values above are the "
-                             "first pass's, as in the summary table)" if left else
-                             f"{name} violated a limit in its first pass and none when measured again "
-                             f"({measured} passes): noise, not a regression")
-        kept += left
-    return kept, notes
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
     report = yield
@@ -636,12 +604,14 @@ def _judge_report(item: pytest.Item, report: pytest.TestReport) -> None:
     server = getattr(item, "funcargs", {}).get("vllm_server")
     verdict = None
     if report.passed and not properties.is_property_test(item):  # property tests judge every example inline
-        judged = _judge(item)
+        invalid = _invalid(item, perf)
+        judged = (invalid, False) if invalid else _judge(item)
         if judged is None and perf is not None and perf.results:
             judged, verdict = _gate(item, perf)
         if judged is not None:
             report.outcome = "failed"
             report.longrepr, report.llmperf_failed = judged
+            report.llmperf_invalid = bool(invalid)
     if server is not None and report.failed:
         report.sections.append(("vllm serve log (last lines)", server.log_tail()))
         if server.down_reason() is not None:  # it died during this test, which says so: the next test gets a fresh one
@@ -657,6 +627,16 @@ def _judge_report(item: pytest.Item, report: pytest.TestReport) -> None:
         report.llmperf_record = asdict(record)
         pytest_benchmark_bridge.add(item, perf)
     report.sections.extend(item.stash.get(_NOTES, []))
+
+
+def _invalid(item: pytest.Item, perf: LLMPerf | None) -> str:
+    """Why this test's results are not a valid measurement (validity.py); "" when they are. An invalid
+    result is neither judged against limits nor compared with or written to a baseline."""
+    bad = [(r.label or str(i), r.invalid) for i, r in enumerate(perf.results if perf else []) if r.invalid]
+    if not bad:
+        return ""
+    return (f"llmperf: {item.nodeid}: not a valid measurement (neither judged nor gated, no baseline written):\n"
+            + "\n".join(f"  result {label!r}: {why}" for label, why in bad))
 
 
 def _gate(item: pytest.Item, perf: LLMPerf) -> tuple[tuple[str, bool] | None, gating.Verdict | None]:
@@ -712,12 +692,15 @@ def _test_record(nodeid: str, perf: LLMPerf, report: pytest.TestReport, verdict:
         for i, (result, workload, engine) in enumerate(zip(perf.results, perf.workloads, perf.engines))
     ]
     rows = [{**asdict(r), "change": r.change} for r in verdict.rows] if verdict is not None else []
-    return TestRecord(nodeid, report.outcome, verdict.status if verdict is not None else "-", rows,
+    outcome = "invalid" if getattr(report, "llmperf_invalid", False) else report.outcome
+    return TestRecord(nodeid, outcome, verdict.status if verdict is not None else "-", rows,
                       dict(verdict.uncompared) if verdict is not None else {}, results,
                       gating.environment(perf, state.hardware, state.gpu), [s.summary() for s in perf.sweeps])
 
 
 def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, Any] | None:
+    if report.when == "call" and getattr(report, "llmperf_invalid", False):
+        return "failed", "I", ("PERF-INVALID", {"yellow": True})
     if report.when == "call" and getattr(report, "llmperf_failed", False):
         return "failed", "P", ("PERF-FAILED", {"red": True})
     return None

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from . import assertions
+from . import assertions, remeasure
 from .assertions import Limit
 from .metrics import PerfResult
 from .workload import Workload
@@ -77,7 +77,7 @@ def checker(limits: Sequence[Limit], retries: int) -> Callable[[PerfResult, Work
     def check(result: PerfResult, workload: Workload, again: Callable[[int], PerfResult]) -> None:
         first = assertions.check(limits, [result])
         # a violation that clears when measured again is noise, not a counterexample
-        violations, measured = assertions.measured_again(limits, first, workload.is_offline, again, retries)
+        violations, measured = remeasure.violations_that_hold(limits, first, workload.is_offline, again, retries)
         if violations:
             raise PerfLimitExceeded(_message(violations, workload, measured))
 

@@ -10,7 +10,7 @@ from fake_engine import WORKLOAD, FakeWarmingEngine
 
 from pytest_llmperf import Workload, runner
 from pytest_llmperf import baseline as bl
-from pytest_llmperf.gating import result_entry
+from pytest_llmperf.baseline import result_entry
 from pytest_llmperf.runner import STEADY_MAX_PASSES, LLMPerf
 
 
