@@ -557,7 +557,7 @@ def _judge(item: pytest.Item) -> tuple[str, bool] | None:
         point_limits = assertions.with_default_error_limit(point_limits)
     try:
         violations = assertions.check(point_limits if results else [], results)
-        violations, notes = remeasure.test_limits_again(perf, point_limits, violations, item.config.stash[SESSION].retries)
+        violations, notes = remeasure.limits_measured_again(perf, point_limits, violations, item.config.stash[SESSION].retries)
         violations += assertions.check_sweeps(curve_limits, sweeps)
     except MarkerError as e:
         return f"llmperf: {item.nodeid}: {e}", False

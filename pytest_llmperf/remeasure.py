@@ -39,7 +39,7 @@ def violations_that_hold(limits: Sequence[Limit], violations: list[Violation], o
     return ([v for v in first if v.limit in still] + [v for v in violations if v.limit not in broke_first]), measured
 
 
-def test_limits_again(perf: LLMPerf | None, limits: list[Limit], violations: list[Violation],
+def limits_measured_again(perf: LLMPerf | None, limits: list[Limit], violations: list[Violation],
                       retries: int) -> tuple[list[Violation], list[str]]:
     """A test's violations that hold in every measurement, result by result, with a note for each
     result measured again (held in all passes, or cleared as noise)."""
