@@ -151,6 +151,8 @@ class PerfResult:
     partial: bool = False  # the run crashed after these repeats: reported, never a pass
     warmup: str = "none"  # "quick", "steady" or "none" (runner.py says what each does)
     warmup_passes: int = 0  # whole passes a steady warm-up took (0: the engine was steady from an earlier run)
+    # why the measurement is not valid (validity.py: the client fell behind its arrival schedule); "" when valid
+    invalid: str = ""
 
     @property
     def error_rate(self) -> float:

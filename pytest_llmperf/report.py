@@ -188,4 +188,4 @@ def cell(value: Any) -> str:
 
 
 def _outcome(outcome: str) -> str:
-    return {"passed": "pass", "failed": "**FAIL**"}.get(outcome, outcome)
+    return {"passed": "pass", "failed": "**FAIL**", "invalid": "**INVALID**"}.get(outcome, outcome)

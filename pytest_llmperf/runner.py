@@ -17,6 +17,7 @@ from .metrics import PerfResult, pass_noise, summarize, throughput, with_timing_
 from .sweep import Sweep, SweepPoint, holds, unknown_latency_metrics
 from .timing import PhaseTimes
 from .trace import Roofline, RunTrace
+from .validity import behind_schedule
 from .workload import Workload
 
 WARMUP_REQUESTS = 4
@@ -95,7 +96,7 @@ class LLMPerf:
                                   engine, workload)
             raise
         result = replace(summarize(traces, workload.hash, len(workload), label=label),
-                         warmup=mode or "none", warmup_passes=passes)
+                         warmup=mode or "none", warmup_passes=passes, invalid=behind_schedule(traces, workload))
         result = with_timing_noise(result, self.steady_engines.get(engine, 0.0))
         self._keep_result(result, engine, workload)
         if self.check is not None:
@@ -242,7 +243,8 @@ class LLMPerf:
                phase: str = "measurement") -> PerfResult:
         # salts of their own (above the first measurement's), so no pass finds another's prefix cache
         traces = [self._measured(engine, workload, 100 + salt * repeats + i, phase) for i in range(repeats)]
-        return summarize(traces, workload.hash, len(workload), label=label)
+        return replace(summarize(traces, workload.hash, len(workload), label=label),
+                       invalid=behind_schedule(traces, workload))
 
     def _keep_result(self, result: PerfResult, engine: Engine, workload: Workload) -> None:
         if self.check is not None:

@@ -1,0 +1,90 @@
+"""Validity verdicts: a result the client could not measure (it fell behind its arrival schedule) is
+neither judged nor gated, and says what to change. The late client below is a FAKE engine that stamps
+its own submission times: plugin mechanics, not evidence about an engine adapter."""
+
+import pytest
+
+from pytest_llmperf import Workload
+from pytest_llmperf.trace import Chunk, RunTrace, SequenceTrace
+from pytest_llmperf.validity import LATE_S, behind_schedule, schedule_lags
+
+TIMED = Workload.poisson(qps=10, n=40, prompt_len=8, output_len=4, seed=1)
+
+
+def sent(workload, late):
+    """A pass whose request i was sent `late(i)` seconds after its time."""
+    seqs = tuple(SequenceTrace(i, 0, r.prompt_len, r.output_len, 5.0 + r.arrival_s + late(i),
+                               (Chunk(5.1 + r.arrival_s + late(i), r.output_len),))
+                 for i, r in enumerate(workload.requests))
+    return RunTrace("fake", seqs, 5.0, 10.0)
+
+
+def test_lags_are_measured_against_the_schedule_of_timed_workloads_only():
+    assert schedule_lags(sent(TIMED, lambda i: 0.01), TIMED) == pytest.approx([0.01] * 40)
+    offline = Workload.offline(4, 8, 4)
+    loop = Workload.closed_loop(2, 4, 8, 4)
+    assert schedule_lags(sent(offline, lambda i: 1.0), offline) == schedule_lags(sent(loop, lambda i: 1.0), loop) == []
+
+
+def test_a_pass_with_more_than_one_request_in_twenty_late_is_invalid_and_says_what_to_change():
+    assert behind_schedule([sent(TIMED, lambda i: 0.05)], TIMED) == ""  # within the bound
+    assert behind_schedule([sent(TIMED, lambda i: 0.3 if i < 2 else 0.0)], TIMED) == ""  # 2 of 40: a stall
+    why = behind_schedule([sent(TIMED, lambda i: 0.0), sent(TIMED, lambda i: 0.02 * i)], TIMED)
+    assert why.startswith("the client fell behind its arrival schedule in pass 2 of 2: 34 of 40 requests were sent "
+                          f"more than {LATE_S * 1e3:.0f} ms late (at worst 780 ms)")
+    assert "fewer requests per second" in why
+
+
+LATE_CLIENT = """
+import pytest
+from pytest_llmperf import Workload
+from pytest_llmperf.engines.base import Engine
+from pytest_llmperf.trace import Chunk, RunTrace, SequenceTrace
+
+
+class LateClient(Engine):
+    '''FAKE: every request is sent `late` seconds after its time.'''
+    name, version, max_model_len, vocab_size, model = "fake", "0", 4096, 1000, None
+
+    def __init__(self, late):
+        self.late = late
+
+    @property
+    def config(self):
+        return {}
+
+    def run(self, workload, salt=0):
+        seqs = tuple(SequenceTrace(i, 0, r.prompt_len, r.output_len, r.arrival_s + self.late,
+                                   (Chunk(r.arrival_s + self.late + 0.01, r.output_len),))
+                     for i, r in enumerate(workload.requests))
+        return RunTrace("fake", seqs, 0.0, workload.requests[-1].arrival_s + self.late + 0.02)
+
+    def shutdown(self):
+        pass
+
+
+W = Workload.poisson(qps=10, n=20, prompt_len=8, output_len=4, seed=1)
+
+
+@pytest.mark.max_p99_ms(ttft=10_000)
+def test_late(llmperf):
+    llmperf.run(LateClient(0.3), W, warmup=False)
+
+
+@pytest.mark.max_p99_ms(ttft=10_000)
+def test_on_time(llmperf):
+    llmperf.run(LateClient(0.0), W, warmup=False)
+"""
+
+
+def test_an_invalid_result_fails_with_its_own_status_and_writes_no_baseline(pytester):
+    pytester.makepyfile(test_late=LATE_CLIENT)
+    result = pytester.runpytest_subprocess("-v", "-p", "no:cacheprovider", "--llmperf-baseline=update",
+                                           "--llmperf-report=report", timeout=300)
+    out = result.stdout.str()
+    assert "test_late.py::test_late PERF-INVALID" in out and "test_late.py::test_on_time PASSED" in out, out[-3000:]
+    assert "not a valid measurement (neither judged nor gated, no baseline written)" in out
+    assert "the client fell behind its arrival schedule: 20 of 20 requests were sent more than 100 ms late" in out
+    stored = {p.name for p in (pytester.path / "baselines").rglob("*.json")}
+    assert stored == {"test_late.py_test_on_time.json"}, stored
+    assert "| **INVALID** |" in (pytester.path / "report" / "summary.md").read_text()
