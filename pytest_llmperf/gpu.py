@@ -10,7 +10,7 @@ import contextlib
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -290,3 +290,47 @@ def measure_bandwidth(index: int, timeout_s: float = 120.0) -> float | None:
         return float(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
     except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
         return None
+
+
+# -- claiming this process's GPUs ---------------------------------------------------------------
+# Memory the test process itself may keep on the card after an engine is gone (its CUDA context and
+# caching allocator, when transformers ran in-process).
+OWN_CONTEXT_SLACK = 2 * 1024**3
+
+
+def machine_class() -> str:
+    """This machine's hardware class, read from NVML without claiming anything: the first GPU this
+    process sees (as CUDA_VISIBLE_DEVICES maps them), or cpu."""
+    count = device_count()
+    if not count:
+        return "cpu"
+    _, index = assign_device(None, os.environ.get("CUDA_VISIBLE_DEVICES"), count)
+    gpu = detect(index)
+    return gpu.hardware_class if gpu else "cpu"
+
+
+def claim(per_worker: int) -> tuple[GpuInfo, ...]:
+    """This worker's GPUs. Under pytest-xdist each worker takes cards of its own, set in
+    CUDA_VISIBLE_DEVICES before any engine starts."""
+    count = device_count()
+    if not count:
+        return ()
+    visible, indices = assign_devices(os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                      count, per_worker)
+    if visible is not None:
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers cards as NVML does
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    return tuple(g for g in map(detect, indices) if g is not None)
+
+
+def release_waiter(gpus: Sequence[GpuInfo]) -> Callable[[], None] | None:
+    """After an engine shuts down, wait until its cards show their memory freed (or fail clearly)."""
+    if not gpus:
+        return None
+    limits = {g.index: memory_used(g.index) + OWN_CONTEXT_SLACK for g in gpus}
+
+    def wait() -> None:
+        for index, limit in limits.items():
+            wait_for_release(index, limit)
+
+    return wait

@@ -37,14 +37,10 @@ from .fixtures import (  # noqa: F401 - pytest finds a plugin's fixtures in its 
 from .gpu import (
     KNOWN_CLASSES,
     GpuError,
-    GpuInfo,
-    assign_device,
-    assign_devices,
-    detect,
-    device_count,
-    memory_used,
-    wait_for_release,
+    machine_class,
+    release_waiter,
 )
+from .gpu import claim as claim_gpus
 from .models import DEFAULT_MODEL, stored_name
 from .paging_timeline import Timeline, divergence_step
 from .report import HEADLINE, TestRecord, baseline_counts, cell, result_name, result_record
@@ -146,7 +142,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    hardware = _option(config, "hardware") or _machine_class()
+    hardware = _option(config, "hardware") or machine_class()
     for line in markers.catalogue(hardware):
         config.addinivalue_line("markers", line)
     model_spec = _option(config, "model") or DEFAULT_MODEL
@@ -242,12 +238,12 @@ def _activate(config: pytest.Config, items: Sequence[pytest.Item] = ()) -> None:
     config.stash[_ACTIVE] = True
     state = config.stash[SESSION]
     try:
-        state.gpus = _claim_gpus(_gpus_per_worker(config, items))
+        state.gpus = claim_gpus(_gpus_per_worker(config, items))
         state.gpu = state.gpus[0] if state.gpus else None
     except (GpuError, MarkerError) as e:  # each test that uses the plugin fails with it; the worker's other tests run
         config.stash[_CLAIM_ERROR] = str(e)
         return
-    state.pool.after_close = _release_waiter(state.gpus)
+    state.pool.after_close = release_waiter(state.gpus)
     _stop_engines_on_sigterm(config)
 
 
@@ -295,22 +291,6 @@ def _warmup_option(config: pytest.Config) -> str:
     return mode
 
 
-# Memory the test process itself may keep on the card after an engine is gone (its CUDA context and
-# caching allocator, when transformers ran in-process).
-OWN_CONTEXT_SLACK = 2 * 1024**3
-
-
-def _machine_class() -> str:
-    """This machine's hardware class, read from NVML without claiming anything: the first GPU this
-    process sees (as CUDA_VISIBLE_DEVICES maps them), or cpu."""
-    count = device_count()
-    if not count:
-        return "cpu"
-    _, index = assign_device(None, os.environ.get("CUDA_VISIBLE_DEVICES"), count)
-    gpu = detect(index)
-    return gpu.hardware_class if gpu else "cpu"
-
-
 def _gpus_option(config: pytest.Config) -> int | None:
     given = _option(config, "gpus-per-worker")
     if given in (None, ""):
@@ -330,33 +310,6 @@ def _gpus_per_worker(config: pytest.Config, items: Sequence[pytest.Item]) -> int
     asked = [gpus_of(config.stash[SESSION].engine_defaults)]
     asked += [gpus_of(engine_options(item)) for item in items if _uses_plugin(item)]
     return max(asked)
-
-
-def _claim_gpus(per_worker: int) -> tuple[GpuInfo, ...]:
-    """This worker's GPUs. Under pytest-xdist each worker takes cards of its own, set in
-    CUDA_VISIBLE_DEVICES before any engine starts."""
-    count = device_count()
-    if not count:
-        return ()
-    visible, indices = assign_devices(os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("CUDA_VISIBLE_DEVICES"),
-                                      count, per_worker)
-    if visible is not None:
-        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers cards as NVML does
-        os.environ["CUDA_VISIBLE_DEVICES"] = visible
-    return tuple(g for g in map(detect, indices) if g is not None)
-
-
-def _release_waiter(gpus: Sequence[GpuInfo]) -> Callable[[], None] | None:
-    """After an engine shuts down, wait until its cards show their memory freed (or fail clearly)."""
-    if not gpus:
-        return None
-    limits = {g.index: memory_used(g.index) + OWN_CONTEXT_SLACK for g in gpus}
-
-    def wait() -> None:
-        for index, limit in limits.items():
-            wait_for_release(index, limit)
-
-    return wait
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the hardware marker must be there to be selected

@@ -9,12 +9,12 @@ import pytest
 # A fake NVML (named as such): the plugin sees one H200, so that the GPU claim of a one-GPU machine
 # can be exercised on a machine without one. Nothing here starts an engine.
 FAKE_ONE_GPU = """
-import pytest_llmperf.plugin as plugin
+import pytest_llmperf.gpu as gpu
 from pytest_llmperf.gpu import GpuInfo
 
-plugin.device_count = lambda: 1
-plugin.memory_used = lambda index: 0
-plugin.detect = lambda index=0: GpuInfo(index, "NVIDIA H200", "h200", 139.8, "580.0", "13.0", "9.0")
+gpu.device_count = lambda: 1
+gpu.memory_used = lambda index: 0
+gpu.detect = lambda index=0: GpuInfo(index, "NVIDIA H200", "h200", 139.8, "580.0", "13.0", "9.0")
 """
 
 UNRELATED = """
@@ -61,7 +61,7 @@ def test_a_session_that_uses_the_plugin_claims_a_gpu_per_worker(pytester, monkey
 
 
 # A fake NVML (named as such): four H200s, for the claim of tensor-parallel engines. No engine starts.
-FAKE_FOUR_GPUS = FAKE_ONE_GPU.replace("device_count = lambda: 1", "device_count = lambda: 4")
+FAKE_FOUR_GPUS = FAKE_ONE_GPU.replace("gpu.device_count = lambda: 1", "gpu.device_count = lambda: 4")
 
 TENSOR_PARALLEL = """
 import os
