@@ -22,7 +22,7 @@ import pytest
 
 from . import assertions, gating, markers, properties, pytest_benchmark_bridge, remeasure, soak
 from .assertions import Limit, MarkerError
-from .baseline import PAGING_MODES, TIMELINE, parse_tolerance, path_for, slug
+from .baseline import PAGING_MODES, parse_tolerance, path_for, slug
 from .baseline import load as load_baseline
 from .engines import registry
 from .engines.base import EnginePool, default_engine, gpus_of
@@ -43,7 +43,7 @@ from .gpu import (
 from .gpu import claim as claim_gpus
 from .models import DEFAULT_MODEL, stored_name
 from .paging_timeline import Timeline, divergence_step
-from .report import HEADLINE, TestRecord, baseline_counts, cell, result_name, result_record
+from .report import HEADLINE, TestRecord, result_record, terminal_lines
 from .report import write as write_report
 from .runner import WARMUP_MODES, LLMPerf
 from .session import LIMITS, PERF, SESSION, Session, engine_options
@@ -616,8 +616,7 @@ def _record(item: pytest.Item, perf: LLMPerf) -> None:
     which copies the item's list)."""
     for i, result in enumerate(perf.results):
         prefix = f"llmperf.{result.label or i}."
-        for key in ("p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "output_tokens_per_s", "kv_fragmentation_max",
-                    "kv_preemptions", "gpu_memory_peak_gib"):
+        for key, _ in HEADLINE:
             value = result.flat().get(key)
             if value is not None:
                 item.user_properties.append((prefix + key, round(value, 4)))
@@ -672,41 +671,14 @@ class RecordCollector:
             self.state.records.append(TestRecord(**record))
 
 
-_ROW_WORDS = {"regression": "regressed", "changed": "changed (improved)", "improvement": "improved"}
-
-
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state = config.stash.get(SESSION, None)
     if state is None or not state.records:
         return
     tr = terminalreporter
     tr.section("llmperf")
-    head = ("test", "result", *(name for _, name in HEADLINE), "baseline", "outcome")
-    rows = [head] + [
-        (rec.test, result_name(res), *(cell(res["metrics"].get(k)) for k, _ in HEADLINE), rec.baseline, rec.outcome)
-        for rec in state.records
-        for res in rec.results
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    for row in rows:
-        tr.write_line("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    for rec in state.records:
-        if rec.limits:
-            shown = [assertions.format_margin(m) + (f" [{m['result']}]" if len(rec.results) > 1 else "")
-                     for m in rec.limits]
-            tr.write_line(f"  limits of {rec.test}: " + "; ".join(shown))
-    gated = baseline_counts(state.records)
-    if gated:
-        tr.write_line(gated)
-    for rec in state.records:
-        for row in rec.baseline_rows:
-            if row["metric"] == TIMELINE:
-                tr.write_line(f"  paging timeline {row['verdict']}: {rec.test} {row['label']!r}: {row['reason']}")
-                continue
-            kind = _ROW_WORDS.get(row["verdict"])
-            if kind is not None:
-                tr.write_line(f"  {kind}: {rec.test} {row['label']!r} {row['metric']} {cell(row['baseline'])} -> "
-                              f"{cell(row['current'])} ({row['change']:+.1%})")
+    for line in terminal_lines(state.records):
+        tr.write_line(line)
     tr.write_line(f"engines started: {state.pool.starts}; hardware class: {state.hardware}; model: {state.model_spec}")
     tr.write_line(state.pool.times.line(state.pool.starts))
     if state.report_dir is not None and not hasattr(config, "workerinput"):  # xdist: the controller writes

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import baseline
+from .assertions import format_margin
 from .baseline import Entry, strict_json
 
 RESULTS_SCHEMA = 1
@@ -189,3 +190,37 @@ def cell(value: Any) -> str:
 
 def _outcome(outcome: str) -> str:
     return {"passed": "pass", "failed": "**FAIL**", "invalid": "**INVALID**"}.get(outcome, outcome)
+
+
+_ROW_WORDS = {"regression": "regressed", "changed": "changed (improved)", "improvement": "improved"}
+
+
+def terminal_lines(records: Sequence[TestRecord]) -> list[str]:
+    """The session's llmperf section of the terminal summary: the headline table (the columns and
+    number format of summary.md), each test's limit margins, the baseline counts and every metric
+    that moved against its baseline."""
+    head = ("test", "result", *(name for _, name in HEADLINE), "baseline", "outcome")
+    rows = [head] + [
+        (rec.test, result_name(res), *(cell(res["metrics"].get(k)) for k, _ in HEADLINE), rec.baseline, rec.outcome)
+        for rec in records
+        for res in rec.results
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    for rec in records:
+        if rec.limits:
+            shown = [format_margin(m) + (f" [{m['result']}]" if len(rec.results) > 1 else "") for m in rec.limits]
+            lines.append(f"  limits of {rec.test}: " + "; ".join(shown))
+    gated = baseline_counts(records)
+    if gated:
+        lines.append(gated)
+    for rec in records:
+        for row in rec.baseline_rows:
+            if row["metric"] == baseline.TIMELINE:
+                lines.append(f"  paging timeline {row['verdict']}: {rec.test} {row['label']!r}: {row['reason']}")
+                continue
+            kind = _ROW_WORDS.get(row["verdict"])
+            if kind is not None:
+                lines.append(f"  {kind}: {rec.test} {row['label']!r} {row['metric']} {cell(row['baseline'])} -> "
+                             f"{cell(row['current'])} ({row['change']:+.1%})")
+    return lines
