@@ -218,6 +218,14 @@ def assign_devices(worker: str | None, visible: str | None, count: int,
     return (",".join(mine) if worker else None), indices
 
 
+def visible_count() -> int:
+    """GPUs this process may use: those CUDA_VISIBLE_DEVICES names, else every NVML device."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip():
+        return len([d for d in visible.split(",") if d.strip()])
+    return device_count()
+
+
 def assign_device(worker: str | None, visible: str | None, count: int) -> tuple[str | None, int]:
     """`assign_devices` for an engine of one GPU: (CUDA_VISIBLE_DEVICES value, NVML index)."""
     if not worker and not visible and not count:

@@ -39,6 +39,7 @@ from .gpu import (
     GpuError,
     machine_class,
     release_waiter,
+    visible_count,
 )
 from .gpu import claim as claim_gpus
 from .models import DEFAULT_MODEL, stored_name
@@ -240,7 +241,7 @@ def _activate(config: pytest.Config, items: Sequence[pytest.Item] = ()) -> None:
     try:
         state.gpus = claim_gpus(_gpus_per_worker(config, items))
         state.gpu = state.gpus[0] if state.gpus else None
-    except (GpuError, MarkerError) as e:  # each test that uses the plugin fails with it; the worker's other tests run
+    except GpuError as e:  # each test that uses the plugin fails with it; the worker's other tests run
         config.stash[_CLAIM_ERROR] = str(e)
         return
     state.pool.after_close = release_waiter(state.gpus)
@@ -307,9 +308,27 @@ def _gpus_per_worker(config: pytest.Config, items: Sequence[pytest.Item]) -> int
     given = _gpus_option(config)
     if given is not None:
         return given
-    asked = [gpus_of(config.stash[SESSION].engine_defaults)]
-    asked += [gpus_of(engine_options(item)) for item in items if _uses_plugin(item)]
-    return max(asked)
+    asked = max([_gpus_asked(config, {}), *(_gpus_asked(config, item) for item in items if _uses_plugin(item))])
+    # a test whose engine is larger than this machine fails at its own setup (`_check_gpus`), not the session
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    return max(1, min(asked, visible_count() // workers))
+
+
+def _gpus_asked(config: pytest.Config, item: pytest.Item | dict[str, Any]) -> int:
+    try:
+        options = engine_options(item) if isinstance(item, pytest.Item) else item
+    except MarkerError:  # reported at that test's setup
+        return 1
+    return gpus_of({**config.stash[SESSION].engine_defaults, **options})
+
+
+def _check_gpus(item: pytest.Item) -> None:
+    state = item.config.stash[SESSION]
+    need = _gpus_asked(item.config, item)
+    if state.gpus and need > len(state.gpus):
+        raise MarkerError(f"its engine spreads over {need} GPUs (tensor x pipeline parallel) and this worker has "
+                          f"{len(state.gpus)}: run with fewer pytest-xdist workers (-n), "
+                          f"--llmperf-gpus-per-worker={need}, or on a machine with more GPUs")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the hardware marker must be there to be selected
@@ -431,6 +450,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     try:
         item.stash[LIMITS] = _limits(item)
         engine_options(item)  # a malformed engine marker errors here, before anything starts
+        _check_gpus(item)
         _check_baseline_file(item)
     except (MarkerError, gating.BaselineError) as e:
         problem = str(e)

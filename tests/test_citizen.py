@@ -88,8 +88,15 @@ def test_workers_claim_as_many_gpus_as_the_largest_engine_of_the_selection_sprea
     result.assert_outcomes(passed=4)
     claimed = sorted(p.read_text() for p in pytester.path.glob("claimed-*"))
     assert claimed == ["0,1 [0, 1]", "2,3 [2, 3]"]  # disjoint pairs, one per worker
-    # a third worker finds no pair of its own: its tests error with what to do, the others run
+    # three workers on four cards: one card each, and the TP=2 test errors at setup with what to do
     result = pytester.runpytest_subprocess("-n", "3", "--dist", "each", "-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=3, errors=3)
+    result.stdout.fnmatch_lines(["*test_tp2*its engine spreads over 2 GPUs (tensor x pipeline parallel) and this worker "
+                                 "has 1: run with fewer pytest-xdist workers (-n), --llmperf-gpus-per-worker=2, or on a "
+                                 "machine with more GPUs*"])
+    # asked for two each, the third worker finds no pair of its own: its plugin tests error, the others run
+    result = pytester.runpytest_subprocess("-n", "3", "--dist", "each", "--llmperf-gpus-per-worker=2", "-p",
+                                           "no:cacheprovider", "-p", "no:randomly")
     result.assert_outcomes(passed=4, errors=2)
     result.stdout.fnmatch_lines(["*worker gw2 needs 2 GPUs of its own and has 0: 4 visible (0, 1, 2, 3), 2 per worker; "
                                  "run with -n 2 or fewer*"])
