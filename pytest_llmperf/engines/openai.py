@@ -6,10 +6,12 @@ come from the server: per chunk from `token_ids` where the server returns them (
 total matches `usage.completion_tokens` (asked for with `stream_options.include_usage`). ITL is
 therefore per chunk, TPOT per token, as in the README.
 
-Paging over HTTP: where the server exposes Prometheus `/metrics` (vLLM does), KV usage, preemptions,
+Paging over HTTP: where the server exposes Prometheus `/metrics`, KV usage, preemptions,
 prefix-cache queries/hits and running/waiting requests are scraped during the run into the same
-`kv.*` fields. Fragmentation needs per-block token counts that `/metrics` does not carry, so it is
-reported as not measured.
+`kv.*` fields, read through the server family's names (`metrics_dialects`: vLLM, SGLang, TGI,
+TensorRT-LLM, llama.cpp; detected from what the server returns, or set with `metrics_dialect`).
+Fragmentation needs per-block token counts that `/metrics` does not carry, so it is reported as not
+measured.
 
 The API key is read from the environment variable named by `api_key_env` at each request; neither
 the key nor its value is stored in the configuration, reports or baselines.
@@ -27,6 +29,7 @@ from urllib.parse import urlsplit
 from ..models import ModelSpec
 from ..trace import Chunk, KVSample, RunTrace, SequenceTrace
 from ..workload import Workload
+from . import metrics_dialects
 from .base import Engine, EngineError, need, wait_for_turn
 
 HEALTH_TIMEOUT_S = 5.0  # a server that cannot answer /health this fast is not running a workload either
@@ -45,8 +48,8 @@ DEFAULTS: dict[str, Any] = {
     "ignore_eos": True,  # vLLM / SGLang extension: generate exactly output_len tokens
     "vocab_size": None,  # for token-id prompts; taken from a model shape when None
     "metrics_interval_s": 0.1,  # /metrics scrape period; 0 turns scraping off
+    "metrics_dialect": None,  # the server family's /metrics names (metrics_dialects); detected when None
 }
-KV_MEASURES = frozenset({"usage", "preemptions", "prefix_hit_rate"})
 
 
 class OpenAIEngine(Engine):
@@ -63,6 +66,11 @@ class OpenAIEngine(Engine):
                               "(or the vllm_server fixture, or openai_engine_factory(base_url=...))")
         if cfg["endpoint"] not in ("completions", "chat"):
             raise EngineError(f"endpoint={cfg['endpoint']!r}: choose 'completions' or 'chat'")
+        if cfg["metrics_dialect"] is not None:
+            try:
+                metrics_dialects.dialect(cfg["metrics_dialect"])
+            except ValueError as e:
+                raise EngineError(str(e)) from None
         self._httpx = need("httpx", "openai")
         cfg["base_url"] = cfg["base_url"].rstrip("/")
         self.model = model
@@ -72,7 +80,6 @@ class OpenAIEngine(Engine):
         self.max_model_len = int(info.get("max_model_len") or model.max_position_embeddings or 4096)
         self.vocab_size = int(cfg["vocab_size"] or model.vocab_size or 0)
         self.version = self._server_version()
-        self._metrics_url = self._root() + "/metrics"
         self.alive = True
 
     # -- server facts -----------------------------------------------------------------------
@@ -183,7 +190,7 @@ class OpenAIEngine(Engine):
         timeout = httpx.Timeout(self._cfg["request_timeout_s"], connect=10.0)
         down, found = asyncio.Event(), []
         async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=self._headers()) as client:
-            scraper = _Scraper(client, self._metrics_url, self._cfg["metrics_interval_s"])
+            scraper = _Scraper(client, self._root(), self._cfg["metrics_interval_s"], self._cfg["metrics_dialect"])
             await scraper.scrape()
             scraping = asyncio.create_task(scraper.loop())
             watching = asyncio.create_task(self._watch_health(client, down, found))
@@ -203,9 +210,10 @@ class OpenAIEngine(Engine):
         during = scraper.scrapes_within(start, end)
         # a busy server can answer every scrape only after the run, when its usage gauge reads 0 again:
         # then usage was not measured (counters are cumulative and stay right)
-        measures = (KV_MEASURES if during else KV_MEASURES - {"usage"}) if kv else frozenset()
-        trace = RunTrace("openai", sequences, start, end, kv, kv_measures=measures,
-                         extra={"server_version": self.version, "metrics_scrapes_during_run": during})
+        measures = scraper.measures() if kv else frozenset()
+        trace = RunTrace("openai", sequences, start, end, kv, kv_measures=measures if during else measures - {"usage"},
+                         extra={"server_version": self.version, "metrics_scrapes_during_run": during,
+                                "metrics_dialect": scraper.family, **scraper.server_tokens()})
         return trace, (found[0] if found else None)
 
     def _payload(self, workload: Workload, i: int, salt: int) -> dict[str, Any]:
@@ -356,32 +364,54 @@ class _Stream:
 
 
 class _Scraper:
-    """Samples vLLM's Prometheus /metrics during a run into KV samples (counters as deltas)."""
+    """Samples the server's Prometheus /metrics during a run into KV samples (counters as deltas),
+    read through its family's dialect (metrics_dialects): detected from the first answer, or given."""
 
-    NAMES = {"vllm:kv_cache_usage_perc": "usage", "vllm:num_preemptions": "preemptions",
-             "vllm:prefix_cache_queries": "queries", "vllm:prefix_cache_hits": "hits",
-             "vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting"}
-
-    def __init__(self, client: Any, url: str, interval: float) -> None:
-        self.client, self.url, self.interval = client, url, interval
-        self.rows: list[tuple[float, float, dict[str, float]]] = []  # (sent, answer received, values)
-        self.blocks_total = self.block_size = 0
+    def __init__(self, client: Any, root: str, interval: float, family: str | None = None) -> None:
+        self.client, self.root, self.interval = client, root, interval
+        self.rows: list[tuple[float, float, dict[str, float]]] = []  # (sent, answer received, fields)
+        self.dialect = metrics_dialects.dialect(family) if family else None
         self.available = interval > 0
-        self._families = need("prometheus_client.parser", "openai").text_string_to_metric_families if self.available else None
+
+    @property
+    def family(self) -> str | None:
+        return self.dialect.family if self.dialect else None
 
     async def scrape(self) -> None:
         if not self.available:
             return
+        if self.dialect is None:
+            await self._discover()
+            return
         sent = time.perf_counter()
         try:
-            response = await self.client.get(self.url, timeout=5.0)
+            response = await self.client.get(self.root + self.dialect.path, timeout=5.0)
         except Exception:  # noqa: BLE001 - a busy server may miss one scrape; one that never answers has none
             self.available = bool(self.rows)
             return
         if response.status_code != 200:
             self.available = False  # no /metrics here: no paging numbers over HTTP
             return
-        self.rows.append((sent, time.perf_counter(), self._parse(response.text)))
+        self.rows.append((sent, time.perf_counter(), self.dialect.read(response.text)))
+
+    async def _discover(self) -> None:
+        """The family from the names the server returns; a server whose /metrics is not Prometheus text
+        (trtllm-serve answers JSON there) is asked at the other families' paths."""
+        for path in metrics_dialects.paths():
+            sent = time.perf_counter()
+            try:
+                response = await self.client.get(self.root + path, timeout=5.0)
+            except Exception:  # noqa: BLE001 - as in scrape: no answer, no paging numbers
+                break
+            found = metrics_dialects.detect(response.text) if response.status_code == 200 else None
+            if found is not None and found.path == path:
+                self.dialect = found
+                self.rows.append((sent, time.perf_counter(), found.read(response.text)))
+                return
+        self.available = False
+
+    def measures(self) -> frozenset[str]:
+        return self.dialect.measures() if self.dialect else frozenset()
 
     def scrapes_within(self, start: float, end: float) -> int:
         """Scrapes sent and answered while the run was in flight and showing requests in the server:
@@ -390,37 +420,33 @@ class _Scraper:
         return sum(1 for sent, received, v in self.rows
                    if sent >= start and received <= end and v.get("running", 0) + v.get("waiting", 0) > 0)
 
-    def _parse(self, text: str) -> dict[str, float]:
-        values: dict[str, float] = {}
-        for family in self._families(text):
-            for sample in family.samples:
-                name = sample.name.removesuffix("_total")
-                if name in self.NAMES:
-                    values[self.NAMES[name]] = values.get(self.NAMES[name], 0.0) + sample.value
-                elif name == "vllm:cache_config_info":
-                    self.blocks_total = int(sample.labels.get("num_gpu_blocks", "0") or 0)
-                    self.block_size = int(sample.labels.get("block_size", "0") or 0)
-        return values
-
     async def loop(self) -> None:
         while self.available:
             await asyncio.sleep(self.interval)
             await self.scrape()
 
+    def server_tokens(self) -> dict[str, dict[str, int]]:
+        """The server's own count of the prompt and output tokens of the run, where it exports one."""
+        if len(self.rows) < 2:
+            return {}
+        first, last = self.rows[0][2], self.rows[-1][2]
+        counts = {k: int(last[f] - first[f]) for k, f in (("prompt", "prompt_tokens"), ("output", "output_tokens"))
+                  if f in first and f in last}
+        return {"server_tokens": counts} if counts else {}
+
     def samples(self) -> tuple[KVSample, ...]:
-        if len(self.rows) < 2 or not self.blocks_total or "usage" not in self.rows[0][2]:
+        if len(self.rows) < 2 or not self.rows[0][2]:
             return ()
         base = self.rows[0][2]
-        usable = self.blocks_total - 1  # vLLM's usage excludes its null block
         out = []
         for _, t, v in self.rows[1:]:
             out.append(KVSample(
-                t=t, blocks_used=round(v.get("usage", 0.0) * usable), blocks_total=usable,
-                block_size=self.block_size, tokens_stored=0, running=int(v.get("running", 0)),
+                t=t, blocks_used=int(v.get("blocks_used", 0)), blocks_total=int(v.get("blocks_total", 0)),
+                block_size=int(v.get("block_size", 0)), tokens_stored=0, running=int(v.get("running", 0)),
                 waiting=int(v.get("waiting", 0)),
                 preemptions=int(v.get("preemptions", 0) - base.get("preemptions", 0)),
-                prefix_queries=int(v.get("queries", 0) - base.get("queries", 0)),
-                prefix_hits=int(v.get("hits", 0) - base.get("hits", 0)),
+                prefix_queries=int(v.get("prefix_queries", 0) - base.get("prefix_queries", 0)),
+                prefix_hits=int(v.get("prefix_hits", 0) - base.get("prefix_hits", 0)),
             ))
         return tuple(out)
 
