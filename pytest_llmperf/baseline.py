@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import paging_timeline, quantiles
+from . import paging_timeline, quantiles, stats
 
 SCHEMA = 1
 DEFAULT_TOLERANCE = 0.10
@@ -391,7 +391,7 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
         return row("regression" if worse else "changed", reason)
     if not worse:
         return row("improvement")
-    if not _significant(old.per_repeat, cur.per_repeat, metric, higher_better):
+    if not stats.significant(old.per_repeat, cur.per_repeat, metric, higher_better, SIGNIFICANCE):
         return row("ok", "within noise (not significant across repeats)")
     reason = f"{'down' if higher_better else 'up'} {change:.1%}, allowed {tol:.1%}"
     if cur.passes > 1:
@@ -417,21 +417,6 @@ def _spread(per_repeat: Sequence[Mapping[str, float | None]], metric: str) -> fl
         return 0.0
     mid = sorted(values)[len(values) // 2]
     return (max(values) - min(values)) / abs(mid) if mid else 0.0
-
-
-def _significant(old: Sequence[Mapping[str, float | None]], new: Sequence[Mapping[str, float | None]],
-                 metric: str, higher_better: bool) -> bool:
-    """One-sided Mann-Whitney U across repeats; with fewer than 3 repeats a side, trust the tolerance."""
-    a = [p[metric] for p in old if p.get(metric) is not None]
-    b = [p[metric] for p in new if p.get(metric) is not None]
-    if len(a) < 3 or len(b) < 3:
-        return True
-    from scipy.stats import mannwhitneyu
-
-    alternative = "less" if higher_better else "greater"
-    # <=: with 3 repeats a side the exact one-sided p is at least 0.05, reached only when every
-    # current repeat is worse than every baseline repeat
-    return mannwhitneyu(b, a, alternative=alternative).pvalue <= SIGNIFICANCE
 
 
 def format_table(verdict: Verdict) -> str:

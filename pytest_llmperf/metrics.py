@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from . import quantiles
+from . import stats
 from .paging_timeline import Timeline
 from .trace import GpuSample, KVSample, RunTrace, SequenceTrace
 
@@ -367,67 +367,6 @@ def roofline_fraction(trace: RunTrace) -> float | None:
     return floor / took if took > 0 else None
 
 
-NOISE_PERCENTILES = (50, 99)
-_RESAMPLES = 200
-
-
-def percentile_noise(values: Sequence[float], q: float, events: Sequence[Any] | None = None) -> float | None:
-    """Relative half-width of the 95% bootstrap interval of the q-th percentile: how far the
-    estimate could move on the same traffic by chance. A p99 of 30 requests is far less certain than a
-    p50 of 3000 gaps, and a baseline comparison must not be tighter than that.
-
-    `events`: what produced each value, where one event produces many (the engine step that ended a
-    token gap, for every request that step served). Those values rise and fall together, so they are
-    resampled together: one stalled step of 64 running requests is one chance event, not 64, and a
-    p99 set by one or two such steps is as uncertain as the count of such steps."""
-    arr = np.asarray(values, dtype=float)
-    point = float(np.percentile(arr, q)) if arr.size else 0.0
-    if arr.size < 2 or point <= 0:
-        return None
-    rng = np.random.default_rng(0)  # fixed: the same data always gets the same interval
-    resamples = max(20, min(_RESAMPLES, 2_000_000 // arr.size))
-    codes = _event_codes(events, arr.size)
-    if codes is None:
-        estimates = np.percentile(arr[rng.integers(0, arr.size, size=(resamples, arr.size))], q, axis=1)
-    else:
-        estimates = _grouped_percentiles(arr, codes, q, rng, resamples)
-    lo, hi = np.percentile(estimates, [2.5, 97.5])
-    return float((hi - lo) / 2 / point)
-
-
-def _event_codes(events: Sequence[Any] | None, n: int) -> np.ndarray | None:
-    """Each value's event as an index, None where every value is an event of its own."""
-    if events is None:
-        return None
-    if len(events) != n:
-        raise ValueError(f"{len(events)} events for {n} values: give one event per value")
-    index: dict[Any, int] = {}
-    codes = np.fromiter((index.setdefault(e, len(index)) for e in events), dtype=np.int64, count=n)
-    return codes if len(index) < n else None
-
-
-def _grouped_percentiles(arr: np.ndarray, codes: np.ndarray, q: float, rng: np.random.Generator,
-                         resamples: int) -> np.ndarray:
-    """The q-th percentile of each of `resamples` resamples that draw whole events with replacement:
-    an event drawn k times weighs its values k times (inverted-CDF percentile over the weights)."""
-    order = np.argsort(arr, kind="stable")
-    ranked, ranked_codes = arr[order], codes[order]
-    n_events = int(codes.max()) + 1
-    drawn = rng.multinomial(n_events, np.full(n_events, 1 / n_events), size=resamples)
-    cumulative = np.cumsum(drawn[:, ranked_codes], axis=1)
-    targets = q / 100 * cumulative[:, -1]
-    return ranked[np.minimum((cumulative < targets[:, None]).sum(axis=1), arr.size - 1)]
-
-
-def pass_noise(rates: Sequence[float]) -> float:
-    """How far one whole pass of an engine may land from the next by chance, from a steady warm-up's
-    pass throughputs: half the range of the last three over their median. Settled, the two that agreed
-    and the pass after them; not settled, the drift that kept the engine from settling."""
-    tail = list(rates[-3:])
-    mid = float(np.median(tail)) if len(tail) >= 2 else 0.0
-    return (max(tail) - min(tail)) / 2 / mid if mid else 0.0
-
-
 def with_timing_noise(result: PerfResult, noise: float) -> PerfResult:
     """`result` with every timing metric's noise raised to at least `noise` (a relative half-width, as
     `latency_noise`): a whole pass is as uncertain as the engine's pass-to-pass variation. Paging and
@@ -437,35 +376,6 @@ def with_timing_noise(result: PerfResult, noise: float) -> PerfResult:
     flat = result.per_repeat[0] if result.per_repeat else {}
     timing = [k for k in flat if k.endswith("_ms") or k in THROUGHPUT_METRICS]
     return replace(result, noise={**result.noise, **{k: round(max(result.noise.get(k, 0.0), noise), 6) for k in timing}})
-
-
-def latency_noise(samples: dict[str, Sequence[float]], events: dict[str, Sequence[Any]] | None = None
-                  ) -> dict[str, float]:
-    """Per percentile, the wider of its order-statistic interval (`quantiles`) and, for p50 and p99,
-    a bootstrap that keeps each event's values together. `events`: per metric, what produced each
-    sample (`percentile_noise`); gaps ended by one engine step rise and fall together, which the
-    order statistics, counting every gap as independent, would miss."""
-    out = {}
-    for name, values in samples.items():
-        for q in PERCENTILES:
-            widths = [quantiles.relative_halfwidth(values, q / 100)]
-            if q in NOISE_PERCENTILES:
-                widths.append(percentile_noise(values, q, (events or {}).get(name)))
-            present = [w for w in widths if w is not None]
-            if present:
-                out[f"p{q}_{name}_ms"] = round(max(present), 6)
-    return out
-
-
-def independent_samples(samples: dict[str, Sequence[float]], events: dict[str, Sequence[Any]] | None = None
-                        ) -> dict[str, int]:
-    """How many independent samples each metric's percentiles rest on: its values, or the distinct
-    events that produced them (the engine steps that ended ITL gaps)."""
-    out = {}
-    for name, values in samples.items():
-        produced_by = (events or {}).get(name)
-        out[name] = len(set(produced_by)) if produced_by is not None and len(produced_by) == len(values) else len(values)
-    return out
 
 
 # -- over repeats --------------------------------------------------------------------------------
@@ -481,8 +391,8 @@ def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, l
     if len(per_trace) == 1:
         only = per_trace[0]
         latencies = _latencies(only.sequences, gaps_of[0])
-        return replace(only, label=label, partial=partial, noise=latency_noise(latencies, events),
-                       samples=independent_samples(latencies, events))
+        return replace(only, label=label, partial=partial, noise=stats.latency_noise(latencies, PERCENTILES, events),
+                       samples=stats.independent_samples(latencies, events))
     seqs = tuple(s for r in per_trace for s in r.sequences)
     gaps = [g for trace_gaps in gaps_of for g in trace_gaps]
     thr = [r.throughput for r in per_trace]
@@ -498,8 +408,8 @@ def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, l
         tpot=LatencyStats.of(latencies["tpot"]),
         itl=LatencyStats.of(gaps),
         e2e=LatencyStats.of(latencies["e2e"]),
-        noise=latency_noise(latencies, events),
-        samples=independent_samples(latencies, events),
+        noise=stats.latency_noise(latencies, PERCENTILES, events),
+        samples=stats.independent_samples(latencies, events),
         throughput=Throughput(
             float(np.median([t.output_tokens_per_s for t in thr])),
             float(np.median([t.total_tokens_per_s for t in thr])),

@@ -13,7 +13,8 @@ from typing import Any
 
 from .engines.base import Engine
 from .gpu import GpuError, NvmlSampler
-from .metrics import PerfResult, pass_noise, summarize, throughput, with_timing_noise
+from .metrics import PerfResult, summarize, throughput, with_timing_noise
+from .stats import pass_noise
 from .sweep import Sweep, SweepPoint, holds, unknown_latency_metrics
 from .timing import PhaseTimes
 from .trace import Roofline, RunTrace

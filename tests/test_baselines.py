@@ -217,7 +217,7 @@ def test_concurrent_writers_never_leave_a_partial_file(tmp_path):
 def test_percentiles_of_few_requests_get_their_statistical_uncertainty():
     import numpy as np
 
-    from pytest_llmperf.metrics import percentile_noise
+    from pytest_llmperf.stats import percentile_noise
 
     rng = np.random.default_rng(1)
     few, many = rng.lognormal(3, 0.3, 24), rng.lognormal(3, 0.3, 5000)

@@ -146,7 +146,8 @@ def _stepped_trace(stalled: set[int], steps: int = 300, running: int = 32, jitte
 
 
 def test_a_p99_gap_set_by_a_few_stalled_steps_is_as_uncertain_as_those_steps():
-    from pytest_llmperf.metrics import itl_gap_ends, itl_gaps_ms, percentile_noise
+    from pytest_llmperf.metrics import itl_gap_ends, itl_gaps_ms
+    from pytest_llmperf.stats import percentile_noise
 
     trace = _stepped_trace(stalled={50, 150, 250, 280})  # 128 of 9,568 gaps: the p99 sits on four events
     result = summarize([trace], "h", 32)
@@ -163,7 +164,7 @@ def test_a_p99_gap_set_by_a_few_stalled_steps_is_as_uncertain_as_those_steps():
 
 
 def test_gaps_of_their_own_are_resampled_one_by_one():
-    from pytest_llmperf.metrics import percentile_noise
+    from pytest_llmperf.stats import percentile_noise
 
     values = [float(v) for v in range(1, 200)]
     assert percentile_noise(values, 99, events=list(range(199))) == percentile_noise(values, 99)
