@@ -121,7 +121,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "on throughput (steady), or auto: steady on a GPU, quick elsewhere (default)")
     parser.addini("llmperf_warmup", "warm-up: auto, quick or steady", default="auto")
     group.addoption("--llmperf-gpus-per-worker", default=None, metavar="N",
-                    help="GPUs each pytest-xdist worker (or this session) takes: default, the most any selected "
+                    help="GPUs each pytest-xdist worker (or this session) takes: default, the most any collected "
                          "test's engine spreads over (tensor_parallel_size x pipeline_parallel_size)")
     parser.addini("llmperf_gpus_per_worker", "GPUs per worker (default: what the tests' engines ask for)", default="")
     group.addoption("--llmperf-soak", default=1, type=int, metavar="N",
