@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -262,10 +263,21 @@ def wait_for_release(index: int, limit_bytes: int, timeout_s: float = 60.0) -> f
         if time.monotonic() - start > timeout_s:
             raise GpuError(
                 f"GPU {index} still uses {used / 1024**3:.1f} GiB {timeout_s:.0f}s after the engine shut down "
-                f"(expected at most {limit_bytes / 1024**3:.1f} GiB): another process holds the card or the engine "
-                "leaked; check nvidia-smi before measuring"
+                f"(expected at most {limit_bytes / 1024**3:.1f} GiB){_held_here()}: another process holds the card "
+                "or the engine leaked; check nvidia-smi before measuring"
             )
         time.sleep(0.2)
+
+
+def _held_here() -> str:
+    """What this process's own torch allocator holds (an in-process engine that leaked), where torch is
+    already imported: the plugin never imports it for this."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return ""
+    gib = 1024**3
+    return (f"; this process's torch holds {torch.cuda.memory_allocated() / gib:.1f} GiB allocated, "
+            f"{torch.cuda.memory_reserved() / gib:.1f} GiB reserved")
 
 
 _BANDWIDTH_PROBE = """

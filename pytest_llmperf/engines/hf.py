@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+import itertools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -214,7 +215,15 @@ class HFEngine(Engine):
         if not getattr(self, "alive", False):
             return
         self.alive = False
-        self._model = None
+        model, self._model = self._model, None
+        if model is not None:
+            # Free the weights' storage itself, not only this reference: on an H200 the 8B shape's 17 GiB
+            # stayed on the card after `_model = None` (something else still referred to the module), and
+            # the next engine's start waited for it in vain (docs/gpu-validation.md, 2026-12-03 evening)
+            for tensor in itertools.chain(model.parameters(), model.buffers()):
+                tensor.data = self._torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+            del model
         gc.collect()
         if self._torch.cuda.is_available():
+            self._torch.cuda.synchronize()
             self._torch.cuda.empty_cache()
