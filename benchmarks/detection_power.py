@@ -46,7 +46,7 @@ class Run:
     judges the same passes."""
 
     def __init__(self, perf: LLMPerf):
-        self.perf, self.results, self.workloads = perf, perf.results, perf.workloads
+        self.perf, self.runs = perf, perf.runs
         self.kept: dict[tuple[int, int], object] = {}
 
     def remeasure(self, index: int, salt: int):
@@ -56,6 +56,9 @@ class Run:
 
     def judged(self, stored, tolerance: float, retries: int) -> bl.Verdict:
         return remeasure.judged_against_baseline(stored, self, gating.entries(self.perf), {}, tolerance, retries)  # type: ignore[arg-type]
+
+    def restart_engine(self, index: int):
+        return self.perf.restart_engine(index)
 
     @property
     def passes(self) -> int:

@@ -443,7 +443,9 @@ def _fmt_pair(old: float, new: float) -> str:
 
 
 # -- a measured result as an entry --------------------------------------------------------------
-def result_entry(result: Any, workload: Any, engine: Any, index: int) -> Entry:
+def result_entry(run: Any, index: int) -> Entry:
+    """The entry of one run (`runner.Run`: its result, workload and engine)."""
+    result, workload, engine = run.result, run.workload, run.engine
     # paging repeats exactly only when the whole batch is handed over at once and the KV pool does not
     # depend on the machine's free memory: then its step timeline is kept too
     deterministic = workload.is_offline and engine.fixed_kv_budget

@@ -95,3 +95,33 @@ def vllm_server(llmperf_session: Session, tmp_path_factory: pytest.TempPathFacto
     finally:
         llmperf_session.server = None
         server.stop()
+
+
+def check_server(item: pytest.Item) -> None:
+    """A `vllm serve` of the vllm_server fixture that died since the last test (killed, crashed) fails
+    the next test that needs it at once, with its exit code and log, and is restarted for the test
+    after; a death that already failed the test it happened in restarts it silently."""
+    state = item.config.stash[SESSION]
+    server = state.server
+    if server is None or "vllm_server" not in getattr(item, "fixturenames", ()):
+        return
+    reason = server.down_reason()
+    if reason is None:
+        return
+    if server.pid in state.server_deaths_reported:
+        server.restart()
+        return
+    state.server_deaths_reported.add(server.pid)
+    pytest.fail(f"llmperf: vllm serve (pid {server.pid}) {reason} since the previous test; it is restarted for the "
+                f"next test. Its log ({server.log_path}) ends:\n{server.log_tail(15)}", pytrace=False)
+
+
+def server_log_on_failure(item: pytest.Item, report: pytest.TestReport) -> None:
+    """A failed test that used `vllm serve` shows the end of its log; a server that died during the test
+    is marked as reported, so the next test gets a fresh one without failing for it."""
+    server = getattr(item, "funcargs", {}).get("vllm_server")
+    if server is None or not report.failed:
+        return
+    report.sections.append(("vllm serve log (last lines)", server.log_tail()))
+    if server.down_reason() is not None:
+        item.config.stash[SESSION].server_deaths_reported.add(server.pid)

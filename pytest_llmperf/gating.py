@@ -46,8 +46,7 @@ def entries(perf: LLMPerf) -> list[Entry]:
     per sweep for its capacity."""
     # a bisection measures different rates each run: only its capacity can be compared
     searched = {p.result.label for s in perf.sweeps if s.searched for p in s.points}
-    points = [result_entry(r, w, e, i) for i, (r, w, e) in enumerate(zip(perf.results, perf.workloads, perf.engines))
-              if r.label not in searched]
+    points = [result_entry(run, i) for i, run in enumerate(perf.runs) if run.result.label not in searched]
     curves = [
         Entry(label=f"{s.label}:capacity", workload_hash=_curve_hash(s), deterministic=False,
               metrics={"capacity": s.capacity()}, per_repeat=[])
@@ -63,9 +62,13 @@ def _curve_hash(sweep: Any) -> str:
 
 
 def environment(perf: LLMPerf, hardware: str, gpu: Any) -> dict[str, Any]:
-    engine = perf.engines[-1]
-    env: dict[str, Any] = {"engine": engine.name, "engine_version": engine.version, "engine_config": engine.config,
-                           "hardware": hardware}
+    """What the test ran on, from its runs: the engine, its version and configuration when every run used
+    one engine, else `engines` with each result's (a test that compared transformers with vLLM), and the
+    hardware."""
+    per_label = {label_of(run.result, i): run.environment() for i, run in enumerate(perf.runs)}
+    distinct = list({repr(e): e for e in per_label.values()}.values())
+    env: dict[str, Any] = dict(distinct[0]) if len(distinct) == 1 else {"engines": per_label}
+    env["hardware"] = hardware
     if gpu is not None:
         env.update(gpu_name=gpu.name, driver=gpu.driver, cuda=gpu.cuda)
     return env
@@ -94,7 +97,7 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
     path = baseline.path_for(cfg.root, test_id, cfg.hardware, cfg.model)
     # a result whose engine died during its run (a test that caught the error) is never a baseline and
     # never compared: its label stays uncompared, which --llmperf-baseline=require reports
-    partial = {label_of(r, i) for i, r in enumerate(perf.results) if r.partial}
+    partial = {label_of(run.result, i) for i, run in enumerate(perf.runs) if run.result.partial}
     current = [e for e in entries(perf) if e.label not in partial]
     if cfg.mode == "update" and partial:
         raise BaselineError(f"result {', '.join(map(repr, sorted(partial)))} is partial (its engine died during the "
@@ -151,21 +154,27 @@ def _joined(*parts: str) -> str:
     return "\n".join(p for p in parts if p)
 
 
+def _flat(env: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings as dotted keys (`engine_config.max_num_seqs`, `engines.vllm.engine_version`), so a
+    change is named down to the setting that changed."""
+    out: dict[str, Any] = {}
+    for key, value in env.items():
+        if isinstance(value, Mapping) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def failure_text(verdict: Verdict, env: Mapping[str, Any]) -> str:
     lines = [f"llmperf: regression against the stored baseline ({len(verdict.regressions)} metric"
              f"{'s' if len(verdict.regressions) != 1 else ''})", baseline.format_table(verdict)]
     if any(r.passes > 1 and not r.exact for r in verdict.regressions):
         lines.append("  current: per metric, the best value any pass reached (the summary table and results.json "
                      "show the first pass)")
-    old = verdict.environment or {}
-    for key in sorted(set(old) | set(env)):
-        before, after = old.get(key), env.get(key)
-        if isinstance(before, dict) and isinstance(after, dict):
-            for k in sorted(set(before) | set(after)):
-                if before.get(k) != after.get(k):
-                    lines.append(f"  changed since the baseline: {key}.{k}: {before.get(k)} -> {after.get(k)}")
-        elif before != after:
-            lines.append(f"  changed since the baseline: {key}: {before} -> {after}")
+    old, new = _flat(verdict.environment or {}), _flat(env)
+    lines += [f"  changed since the baseline: {key}: {old.get(key)} -> {new.get(key)}"
+              for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
     if verdict.message:
         lines.append("  " + verdict.message.replace("\n", "\n  "))
     return "\n".join(lines)

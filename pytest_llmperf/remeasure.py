@@ -46,13 +46,14 @@ def limits_measured_again(perf: LLMPerf | None, limits: list[Limit], violations:
     if perf is None or not violations:
         return violations, []
     kept, notes = [], []
-    for i, result in enumerate(perf.results):
+    for i, run in enumerate(perf.runs):
+        result = run.result
         mine = [v for v in violations if v.result is result]
         if not mine:
             continue
         name = repr(result.label) if result.label else f"result {i}"
         try:
-            left, measured = violations_that_hold(limits, mine, perf.workloads[i].is_offline,
+            left, measured = violations_that_hold(limits, mine, run.workload.is_offline,
                                                   lambda salt, i=i: perf.remeasure(i, salt), retries)
         except MarkerError:
             raise
@@ -111,9 +112,9 @@ def best_of_more_passes(perf: LLMPerf, current: Sequence[Entry], labels: set[str
     for pos in sorted(wanted, key=lambda pos: _restart_order(perf, indices[out[pos].label])):
         entry = out[pos]
         i = indices[entry.label]
-        if fresh_start and not any(perf.engines[i] is e for e in started):
+        if fresh_start and not any(perf.runs[i].engine is e for e in started):
             started.append(perf.restart_engine(i))
-        again = [baseline.result_entry(perf.remeasure(i, salt + k), perf.workloads[i], perf.engines[i], i) for k in range(times)]
+        again = [baseline.result_entry(replace(perf.runs[i], result=perf.remeasure(i, salt + k)), i) for k in range(times)]
         out[pos] = baseline.best_of([entry, *again])
     return out
 
@@ -121,15 +122,15 @@ def best_of_more_passes(perf: LLMPerf, current: Sequence[Entry], labels: set[str
 def _restart_order(perf: LLMPerf, index: int) -> tuple[bool, int]:
     """Results of the live engine first, then those of each engine the pool has closed, grouped by
     engine: a test that measured two engines restarts each closed one once, not once per result."""
-    engine = perf.engines[index]
-    return not getattr(engine, "alive", True), next(i for i, e in enumerate(perf.engines) if e is engine)
+    engine = perf.runs[index].engine
+    return not getattr(engine, "alive", True), next(i for i, run in enumerate(perf.runs) if run.engine is engine)
 
 
 def _result_indices(perf: LLMPerf) -> dict[str, int]:
     """Baseline label -> index of the result it came from (as `entries` labels them)."""
     out: dict[str, int] = {}
-    for i, result in enumerate(perf.results):
-        out.setdefault(baseline.label_of(result, i), i)
+    for i, run in enumerate(perf.runs):
+        out.setdefault(baseline.label_of(run.result, i), i)
     return out
 
 

@@ -40,6 +40,40 @@ STEADY_MAX_SECONDS = 60.0
 _WARMUP_SALT = 10_000
 
 
+@dataclass(frozen=True)
+class Run:
+    """One `llmperf.run` of a test: its result, the workload it drove and the engine it ran on. The one
+    record that judging, the baseline gate and the reports read (an engine restarted for a second look
+    replaces `engine` here, for every run of the old one)."""
+
+    result: PerfResult
+    workload: Workload
+    engine: Engine
+
+    def environment(self) -> dict[str, Any]:
+        """What ran: the engine, its version and its configuration as the engine reports them."""
+        return {"engine": self.engine.name, "engine_version": self.engine.version,
+                "engine_config": dict(self.engine.config)}
+
+
+class Results(Sequence[PerfResult]):
+    """`llmperf.results`: the test's results in the order they were made. `clear()` unbinds them from
+    the test (a test whose failures were its point)."""
+
+    def __init__(self, runs: list[Run]) -> None:
+        self._runs = runs
+
+    def __getitem__(self, index: Any) -> Any:
+        picked = self._runs[index]
+        return [r.result for r in picked] if isinstance(index, slice) else picked.result
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def clear(self) -> None:
+        self._runs.clear()
+
+
 @dataclass
 class LLMPerf:
     """The `llmperf` fixture: runs workloads and binds their results to the current test.
@@ -67,9 +101,11 @@ class LLMPerf:
     # engines warmed until steady, with the pass-to-pass noise their warm-up saw (the session's)
     steady_engines: MutableMapping[Engine, float] = field(default_factory=weakref.WeakKeyDictionary)
     sweeps: list[Sweep] = field(default_factory=list)
-    results: list[PerfResult] = field(default_factory=list)
-    engines: list[Engine] = field(default_factory=list)
-    workloads: list[Workload] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def results(self) -> Results:
+        return Results(self.runs)
 
     def run(self, engine: Engine, workload: Workload, repeats: int = 1, warmup: bool | str = True,
             label: str = "") -> PerfResult:
@@ -200,7 +236,7 @@ class LLMPerf:
         """The test's `index`-th result measured once more on its (still warm) engine, as it was first
         measured; not bound to the test. How the baseline gate tells noise from a regression. Give each
         call of one result its own `salt` (1, 2, ...)."""
-        result, engine, workload = self.results[index], self.engines[index], self.workloads[index]
+        result, engine, workload = self.runs[index].result, self.runs[index].engine, self.runs[index].workload
         try:
             engine = self._revived(index)
             again = self._again(engine, workload, result.repeats, result.label, salt, "re-measurement")
@@ -213,12 +249,12 @@ class LLMPerf:
     def restart_engine(self, index: int) -> Engine:
         """The engine of the `index`-th result started afresh and warmed up as its first run was; every
         result of the old engine now points at the new one. Unchanged where no `restart` is given."""
-        old = self.engines[index]
+        old = self.runs[index].engine
         if self.restart is None:
             return old
         live = self.restart(old)
         if live is not old:
-            self.engines[:] = [live if e is old else e for e in self.engines]
+            self.runs[:] = [replace(r, engine=live) if r.engine is old else r for r in self.runs]
             self._warm(live, index)
         return live
 
@@ -226,17 +262,17 @@ class LLMPerf:
         mode = self._warmup(True)
         if mode is not None:
             with self.times.timed("warm-up"):
-                self._warm_up(engine, self.workloads[index], mode)
+                self._warm_up(engine, self.runs[index].workload, mode)
 
     def _revived(self, index: int) -> Engine:
         """The engine of the `index`-th result, started again (and warmed up as the first run was) when
         the pool has closed it since."""
-        engine = self.engines[index]
+        engine = self.runs[index].engine
         if self.revive is None:
             return engine
         live = self.revive(engine)
         if live is not engine:
-            self.engines[index] = live
+            self.runs[index] = replace(self.runs[index], engine=live)
             self._warm(live, index)
         return live
 
@@ -250,12 +286,8 @@ class LLMPerf:
     def _keep_result(self, result: PerfResult, engine: Engine, workload: Workload) -> None:
         if self.check is not None:
             # one example of a property test: only its own result stays bound to the test
-            self.results.clear()
-            self.engines.clear()
-            self.workloads.clear()
-        self.results.append(result)
-        self.engines.append(engine)
-        self.workloads.append(workload)
+            self.runs.clear()
+        self.runs.append(Run(result, workload, engine))
 
     def _measured(self, engine: Engine, workload: Workload, salt: int, phase: str = "measurement") -> RunTrace:
         with self.times.timed(phase):

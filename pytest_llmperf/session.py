@@ -40,7 +40,8 @@ class Session:
     warmup: str = "auto"  # what llmperf.run(warmup=True) does (runner.WARMUP_MODES)
     # warmed until steady once, with the pass-to-pass noise their warm-up saw (runner.py)
     steady_engines: MutableMapping[Engine, float] = field(default_factory=weakref.WeakKeyDictionary)
-    openai_defaults: dict[str, Any] = field(default_factory=dict)
+    # per engine name, options the session's command line gives that engine (the openai engine's server URL)
+    engine_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     server_options: dict[str, Any] = field(default_factory=dict)
     records: list[TestRecord] = field(default_factory=list)
     server: Any = None  # the vllm_server fixture's VLLMServer, once started
@@ -83,9 +84,7 @@ class Session:
         # CLI/ini engine options are written for the session's engine; another engine (hf beside vLLM
         # in a comparison test) would reject them
         defaults = self.engine_defaults if name == self.engine_name else {}
-        if name == "openai":
-            defaults = {**self.openai_defaults, **defaults}
-        return self.pool.get(name, self.model(), {**defaults, **config})
+        return self.pool.get(name, self.model(), {**self.engine_settings.get(name, {}), **defaults, **config})
 
 
 SESSION = pytest.StashKey[Session]()

@@ -339,7 +339,7 @@ def test_a_suspected_regression_is_measured_again_in_a_fresh_engine_start(tmp_pa
     perf.run(slow_start, WORKLOAD, warmup=False)
     verdict = gate("t", perf, GateConfig("compare", tmp_path, 0.10, "cpu", "m", 2), {}, {})
     assert verdict.status == "pass" and restarts == [slow_start] and slow_start.full_passes == 1
-    assert perf.engines[0] is not slow_start
+    assert perf.runs[0].engine is not slow_start
     assert "'0' regressed in its first pass and was measured again" in verdict.message
 
 

@@ -11,7 +11,7 @@ from fake_engine import WORKLOAD, FakeWarmingEngine
 from pytest_llmperf import Workload, runner
 from pytest_llmperf import baseline as bl
 from pytest_llmperf.baseline import result_entry
-from pytest_llmperf.runner import STEADY_MAX_PASSES, LLMPerf
+from pytest_llmperf.runner import STEADY_MAX_PASSES, LLMPerf, Run
 
 
 def test_quick_warm_up_is_a_few_requests_and_no_whole_pass():
@@ -88,8 +88,8 @@ def test_a_warm_up_that_never_settles_widens_the_baseline_comparison_of_timing_m
     assert baseline.noise["p99_e2e_ms"] >= swing and "kv_preemptions" not in baseline.noise
     later = perf.run(engine, WORKLOAD, warmup=False)  # the engine keeps its noise for later results
     assert later.noise["output_tokens_per_s"] == baseline.noise["output_tokens_per_s"]
-    stored = bl.document("t", "any", "model", {}, [result_entry(baseline, WORKLOAD, engine, 0)])
-    verdict = bl.compare(stored, [result_entry(later, WORKLOAD, engine, 0)])
+    stored = bl.document("t", "any", "model", {}, [result_entry(Run(baseline, WORKLOAD, engine), 0)])
+    verdict = bl.compare(stored, [result_entry(Run(later, WORKLOAD, engine), 0)])
     slower = next(r for r in verdict.rows if r.metric == "output_tokens_per_s")
     assert slower.change == pytest.approx(-0.2) and slower.allowed == pytest.approx(0.25) and verdict.status == "pass"
 

@@ -1,0 +1,121 @@
+"""What the plugin does to the process, done once and only in a session that uses it (a test with an
+llmperf fixture, or --llmperf-soak): claim this worker's GPUs (CUDA_VISIBLE_DEVICES under
+pytest-xdist), wait for their memory after each engine stops, and stop every engine on SIGTERM. A
+project that never uses the plugin keeps its environment, its signal handlers and its -n."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from . import options
+from .assertions import MarkerError
+from .engines.base import gpus_of
+from .gpu import GpuError, release_waiter, visible_count
+from .gpu import claim as claim_gpus
+from .selection import uses_plugin
+from .session import SESSION, engine_options
+
+_ACTIVE = pytest.StashKey[bool]()
+_CLAIM_ERROR = pytest.StashKey[str]()
+_SIGTERM_HANDLER = pytest.StashKey[Callable[[int, Any], None]]()
+
+
+def activate(config: pytest.Config, items: Sequence[pytest.Item] = ()) -> None:
+    if config.stash.get(_ACTIVE, False):
+        return
+    config.stash[_ACTIVE] = True
+    state = config.stash[SESSION]
+    try:
+        state.gpus = claim_gpus(_gpus_per_worker(config, items))
+        state.gpu = state.gpus[0] if state.gpus else None
+    except GpuError as e:  # each test that uses the plugin fails with it; the worker's other tests run
+        config.stash[_CLAIM_ERROR] = str(e)
+        return
+    state.pool.after_close = release_waiter(state.gpus)
+    _stop_engines_on_sigterm(config)
+
+
+def is_active(config: pytest.Config) -> bool:
+    return config.stash.get(_ACTIVE, False)
+
+
+def claim_error(config: pytest.Config) -> str | None:
+    """Why this worker could not claim its GPUs (every test that uses the plugin fails with it)."""
+    return config.stash.get(_CLAIM_ERROR, None)
+
+
+def check_gpus(item: pytest.Item) -> None:
+    """A test whose engine spreads over more GPUs than this worker holds fails at its setup."""
+    state = item.config.stash[SESSION]
+    need = _gpus_asked(item.config, item)
+    if state.gpus and need > len(state.gpus):
+        raise MarkerError(f"its engine spreads over {need} GPUs (tensor x pipeline parallel) and this worker has "
+                          f"{len(state.gpus)}: run with fewer pytest-xdist workers (-n), "
+                          f"--llmperf-gpus-per-worker={need}, or on a machine with more GPUs")
+
+
+def deactivate(config: pytest.Config) -> None:
+    ours = config.stash.get(_SIGTERM_HANDLER, None)
+    if ours is not None and signal.getsignal(signal.SIGTERM) is ours:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def show_engine_output(config: pytest.Config) -> None:
+    """What the engines logged while they stopped sits in pytest's global capture, which pytest prints
+    at exit, after its summary, where vLLM's routine shutdown lines read as errors. Show it now, before
+    the summary, without the routine `[shutdown]` lines."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    terminal = config.pluginmanager.getplugin("terminalreporter")
+    if capman is None or terminal is None or not capman.is_globally_capturing():
+        return
+    try:
+        out, err = capman.read_global_capture()
+    except AssertionError:  # pytest.exit (Ctrl-C, SIGTERM) has already stopped the capture
+        return
+    for line in (out + err).splitlines():
+        if line.strip() and "[shutdown]" not in line:
+            terminal.write_line(line)
+
+
+def _gpus_per_worker(config: pytest.Config, items: Sequence[pytest.Item]) -> int:
+    """What each worker claims: the option, else the most GPUs any engine of the session asks for. Every
+    xdist worker collects the whole selection, so all workers size their sets alike."""
+    given = options.gpus_per_worker(config)
+    if given is not None:
+        return given
+    asked = max([_gpus_asked(config, {}), *(_gpus_asked(config, item) for item in items if uses_plugin(item))])
+    # a test whose engine is larger than this machine fails at its own setup (`check_gpus`), not the session
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    return max(1, min(asked, visible_count() // workers))
+
+
+def _gpus_asked(config: pytest.Config, item: pytest.Item | dict[str, Any]) -> int:
+    try:
+        asked = engine_options(item) if isinstance(item, pytest.Item) else item
+    except MarkerError:  # reported at that test's setup
+        return 1
+    return gpus_of({**config.stash[SESSION].engine_defaults, **asked})
+
+
+def _stop_engines_on_sigterm(config: pytest.Config) -> None:
+    """SIGTERM (`timeout`, `kill`, a CI runner cancelling the job) ends pytest as Ctrl-C does, through
+    its teardown, so every engine is stopped: by default Python dies at once and vLLM's engine-core
+    processes, and the GPU memory they hold, outlive the session. A second SIGTERM kills at once. Left
+    alone where someone else already handles SIGTERM, and outside the main thread (no signals there)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        pytest.exit("llmperf: terminated by SIGTERM; engines stopped before exit", returncode=128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    config.stash[_SIGTERM_HANDLER] = on_sigterm

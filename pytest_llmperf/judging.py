@@ -1,0 +1,189 @@
+"""A test's verdict, in the order the plugin gives it: inputs checked before the test runs (limit
+markers, engine options, the baseline file), then, once its body passed, whether its results are a
+valid measurement, whether its limits hold (a suspected violation measured again: `remeasure`), and
+how it compares with its baseline (`gating`). Also the record of the test that the reports keep.
+
+Plain tests and the baseline gate are judged here after the test; a property test's examples are
+judged inside the test body (`properties.checker`), by the same limit checks and re-measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import activation, assertions, gating, markers, remeasure
+from .assertions import Limit, MarkerError
+from .baseline import load as load_baseline
+from .baseline import path_for, slug
+from .paging_timeline import Timeline, divergence_step
+from .report import HEADLINE, TestRecord, result_record
+from .runner import LLMPerf
+from .selection import uses_plugin
+from .session import LIMITS, SESSION, Session, engine_options
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What failed a test (None: nothing), and how: "perf" (a limit or the baseline: PERF-FAILED),
+    "invalid" (not a valid measurement: PERF-INVALID) or "error" (bad input, a missing baseline under
+    require); the baseline verdict and notes for the test's report."""
+
+    failure: str | None = None
+    kind: str = ""
+    verdict: gating.Verdict | None = None
+    notes: tuple[tuple[str, str], ...] = ()
+
+
+# -- before the test -----------------------------------------------------------------------------------
+def check_inputs(item: pytest.Item) -> None:
+    """Limit markers, engine options, the GPUs the engine needs and the baseline file, checked before any
+    engine starts: bad input fails this test with one line, not after it measured for minutes."""
+    try:
+        item.stash[LIMITS] = limits(item)
+        engine_options(item)
+        activation.check_gpus(item)
+        _check_baseline_file(item)
+    except (MarkerError, gating.BaselineError) as e:
+        pytest.fail(f"llmperf: {item.nodeid}: {e}", pytrace=False)
+
+
+def limits(item: pytest.Item) -> list[Limit]:
+    hardware = item.config.stash[SESSION].hardware
+    return [limit for mark in item.iter_markers() if mark.name in assertions.MARKERS
+            for limit in assertions.parse(mark.name, mark.args, mark.kwargs, hardware)]
+
+
+def _check_baseline_file(item: pytest.Item) -> None:
+    gate = item.config.stash[SESSION].gate
+    if gate.mode in ("off", "update") or not uses_plugin(item):
+        return
+    gating.tolerances([m.kwargs for m in item.iter_markers(markers.TOLERANCE)])
+    load_baseline(path_for(gate.root, item.nodeid, gate.hardware, gate.model))
+
+
+# -- after the test --------------------------------------------------------------------------------------
+def judge(item: pytest.Item, perf: LLMPerf | None) -> Judgement:
+    """The verdict of a test whose body passed: validity, then limits, then the baseline."""
+    invalid = _invalid(item.nodeid, perf)
+    if invalid:
+        return Judgement(invalid, "invalid")
+    state = item.config.stash[SESSION]
+    failure, kind, notes = _limits_verdict(item.nodeid, item.stash.get(LIMITS, []), perf, state.retries)
+    if failure is not None or perf is None or not perf.results:
+        return Judgement(failure, kind, None, notes)
+    tolerance_marks = [m.kwargs for m in reversed(list(item.iter_markers(markers.TOLERANCE)))]
+    gated = _gate(item.nodeid, perf, state, tolerance_marks)
+    return Judgement(gated.failure, gated.kind, gated.verdict, notes + gated.notes)
+
+
+def _invalid(test_id: str, perf: LLMPerf | None) -> str:
+    """Why this test's results are not a valid measurement (validity.py); "" when they are. An invalid
+    result is neither judged against limits nor compared with or written to a baseline."""
+    bad = [(r.label or str(i), r.invalid) for i, r in enumerate(perf.results if perf else []) if r.invalid]
+    if not bad:
+        return ""
+    return (f"llmperf: {test_id}: not a valid measurement (neither judged nor gated, no baseline written):\n"
+            + "\n".join(f"  result {label!r}: {why}" for label, why in bad))
+
+
+def _limits_verdict(test_id: str, limits: list[Limit], perf: LLMPerf | None,
+                    retries: int) -> tuple[str | None, str, tuple[tuple[str, str], ...]]:
+    """(failure text, kind, notes) of a test's limit markers against its results."""
+    sweeps = perf.sweeps if perf is not None else []
+    in_sweeps = perf.sweep_labels if perf is not None else set()
+    # sweep points are judged as a curve (min_capacity), not one by one: overload is their purpose
+    results = [r for r in perf.results if r.label not in in_sweeps] if perf is not None else []
+    curve_limits = [lim for lim in limits if lim.on_sweeps or (sweeps and lim.metric == "output_tokens_per_s_per_gib")]
+    point_limits = [lim for lim in limits if lim not in curve_limits]
+    if limits and not results and not sweeps:
+        names = sorted({lim.marker.split("(")[0] for lim in limits})
+        return (f"llmperf: {test_id} has limit markers ({', '.join(names)}) but recorded no result: "
+                "call llmperf.run(engine, workload) in the test body", "error", ())
+    if not results and not sweeps:
+        return None, "", ()
+    if point_limits and not results:
+        names = sorted({lim.marker.split("(")[0] for lim in point_limits})
+        return (f"llmperf: {test_id}: {', '.join(names)} judge llmperf.run results, and this test recorded only "
+                "sweeps; judge a curve with @pytest.mark.min_capacity(..., under={...})", "error", ())
+    if results:
+        point_limits = assertions.with_default_error_limit(point_limits)
+    try:
+        violations = assertions.check(point_limits if results else [], results)
+        violations, notes = remeasure.limits_measured_again(perf, point_limits, violations, retries)
+        violations += assertions.check_sweeps(curve_limits, sweeps)
+    except MarkerError as e:
+        return f"llmperf: {test_id}: {e}", "error", ()
+    notes += assertions.sample_notes(point_limits, results)
+    if not violations:
+        return None, "", ((("llmperf limits", "\n".join(notes)),) if notes else ())
+    text = "\n".join([assertions.format_violations(violations), *(f"  {n}" for n in notes)])
+    errors = [e for r in results for e in r.errors][:5]
+    if errors:
+        text += "\n  failed requests: " + "; ".join(errors)
+    return text, "perf", ()
+
+
+def _gate(test_id: str, perf: LLMPerf, state: Session, tolerance_marks: list[dict[str, Any]]) -> Judgement:
+    """Baseline comparison (or update) of a test whose limits held."""
+    try:
+        tol = gating.tolerances(tolerance_marks)
+        env = gating.environment(perf, state.hardware, state.gpu)
+        verdict = gating.gate(test_id, perf, state.gate, env, tol)
+    except gating.BaselineError as e:
+        return Judgement(f"llmperf: {test_id}: {e}", "error")
+    if verdict is not None and verdict.status == "regression":
+        return Judgement(gating.failure_text(verdict, env), "perf", verdict)
+    unmet = gating.unmet_requirement(verdict, state.gate, test_id)
+    if unmet is not None:
+        return Judgement(unmet, "error", verdict)
+    notes = (("llmperf baseline", verdict.message),) if verdict is not None and verdict.message else ()
+    return Judgement(None, "", verdict, notes)
+
+
+# -- the test's record -----------------------------------------------------------------------------------
+def record(item: pytest.Item, perf: LLMPerf, outcome: str, judgement: Judgement) -> tuple[TestRecord, list[tuple[str, str]]]:
+    """What the reports keep of a test (results.json, summary.md, the terminal table), and notes for its
+    report (a plot that could not be drawn)."""
+    state = item.config.stash[SESSION]
+    verdict = judgement.verdict
+    results = [result_record(gating.result_entry(run, i), run.result.to_dict(), run.workload.to_dict())
+               for i, run in enumerate(perf.runs)]
+    rows = [{**asdict(r), "change": r.change} for r in verdict.rows] if verdict is not None else []
+    rec = TestRecord(item.nodeid, "invalid" if judgement.kind == "invalid" else outcome,
+                     verdict.status if verdict is not None else "-", rows,
+                     dict(verdict.uncompared) if verdict is not None else {}, results,
+                     gating.environment(perf, state.hardware, state.gpu), [s.summary() for s in perf.sweeps])
+    rec.limits = assertions.margins(item.stash.get(LIMITS, []), [r for r in perf.results if r.label not in perf.sweep_labels])
+    notes: list[tuple[str, str]] = []
+    if state.report_dir is not None:
+        rec.plots, notes = _plots(item.nodeid, perf, state.report_dir, verdict)
+    return rec, notes
+
+
+def junit_properties(perf: LLMPerf) -> list[tuple[str, float]]:
+    """Headline metrics as JUnit XML properties (`llmperf.<label>.<metric>`)."""
+    out = []
+    for i, result in enumerate(perf.results):
+        prefix = f"llmperf.{result.label or i}."
+        flat = result.flat()
+        out += [(prefix + key, round(flat[key], 4)) for key, _ in HEADLINE if flat.get(key) is not None]
+    return out
+
+
+def _plots(test_id: str, perf: LLMPerf, report_dir: Path,
+           verdict: gating.Verdict | None) -> tuple[list[str], list[tuple[str, str]]]:
+    from . import plots  # matplotlib only when pictures are asked for
+
+    try:
+        written = plots.for_test(slug(test_id), perf.results, perf.sweeps, report_dir / "plots")
+        for label, (old, new) in (verdict.timelines if verdict is not None else {}).items():
+            a, b = Timeline.from_dict(old), Timeline.from_dict(new)
+            written.append(plots.timelines_overlaid(label, a, b, report_dir / "plots" / f"{slug(test_id)}-{label}"
+                                                    "-paging-timeline.png", divergence_step(a, b)))
+    except Exception as e:  # noqa: BLE001 - a picture that cannot be drawn must not fail a measured test
+        return [], [("llmperf plots", f"plots not drawn: {type(e).__name__}: {e}")]
+    return [str(p.relative_to(report_dir)) for p in written], []

@@ -1,0 +1,69 @@
+"""Which tests are the plugin's, and how they are selected and ordered: the hardware class a test runs
+on (`-m a100` on an A100 runner selects every test that names no other class), the skip of a test
+marked for other hardware, the one line that explains an empty `-m` selection, and the order that
+starts each engine configuration once."""
+
+from __future__ import annotations
+
+import pytest
+
+from . import markers, properties
+from .assertions import MarkerError
+from .engines import registry
+from .gpu import KNOWN_CLASSES
+from .session import SESSION, engine_options
+
+CARRIED = pytest.StashKey[dict[str, int]]()  # hardware class -> how many collected tests carry it
+
+
+def uses_plugin(item: pytest.Item) -> bool:
+    """A test with one of the plugin's fixtures or markers."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    engines = item.config.stash[SESSION].engines
+    return bool(fixtures & (properties.PLUGIN_FIXTURES | registry.fixture_names(engines))) or any(
+        markers.is_plugin_marker(m.name) for m in item.iter_markers())
+
+
+def mark_hardware(items: list[pytest.Item], hardware: str) -> dict[str, int]:
+    """A test that uses the plugin and names no hardware class runs on any: it gets this machine's
+    class as a marker, so that `-m a100` on an A100 runner selects it. Tests that do not use the
+    plugin are left as they are. Returns how many tests carry each class."""
+    carried: dict[str, int] = {}
+    for item in items:
+        wanted = [m.name for m in item.iter_markers() if m.name in KNOWN_CLASSES]
+        if not wanted and uses_plugin(item):
+            item.add_marker(hardware)
+            wanted = [hardware]
+        for cls in dict.fromkeys(wanted):
+            carried[cls] = carried.get(cls, 0) + 1
+    return carried
+
+
+def skip_other_hardware(item: pytest.Item) -> None:
+    wanted = [m.name for m in item.iter_markers() if m.name in KNOWN_CLASSES]
+    state = item.config.stash[SESSION]
+    if wanted and state.hardware not in wanted:
+        found = f"{state.hardware} ({state.gpu.name})" if state.gpu else state.hardware
+        pytest.skip(f"needs {' or '.join(wanted)} hardware; this machine is {found} (override with --llmperf-hardware)")
+
+
+def empty_selection_line(config: pytest.Config, items: list[pytest.Item]) -> str | None:
+    """One line when a hardware `-m` selected nothing: which classes the tests carry, which this machine is."""
+    expr = config.getoption("markexpr", "") or ""
+    named = [cls for cls in KNOWN_CLASSES if cls in expr.replace("(", " ").replace(")", " ").split()]
+    carried = config.stash.get(CARRIED, {})
+    if items or not named or not carried:
+        return None
+    state = config.stash[SESSION]
+    found = ", ".join(f"{cls} ({n})" for cls, n in sorted(carried.items()))
+    return (f"llmperf: -m {expr!r} selected no test: this machine is {state.hardware} (tests that name no hardware "
+            f"carry it), and the tests carry {found}; select with -m {state.hardware}, or judge this machine as "
+            f"another class with --llmperf-hardware {named[0]}")
+
+
+def engine_group(item: pytest.Item) -> str:
+    """Sort key: tests that share an engine configuration run together, so each engine starts once."""
+    try:
+        return repr(sorted(engine_options(item).items()))
+    except MarkerError:
+        return ""  # reported at setup, with the test's name
