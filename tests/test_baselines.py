@@ -522,6 +522,10 @@ def test_update_records_a_test_that_used_two_engines(pytester):
     doc = json.loads(next((pytester.path / "baselines").rglob("*.json")).read_text())
     assert [(e["label"], e["passes"], e["engine"]) for e in doc["entries"]] == [("first", 2, "hf"), ("second", 2, "hf")]
     assert all(e["deterministic"] for e in doc["entries"])
+    # the environment of each engine the test used, not only the last one's
+    engines = doc["environment"]["engines"]
+    assert {label: e["engine_config"]["max_batch_size"] for label, e in engines.items()} == {"first": 2, "second": 3}
+    assert doc["environment"]["hardware"] == "cpu" and "engine_config" not in doc["environment"]
     # first, second, then each started afresh for its second pass
     result.stdout.fnmatch_lines(["*engines started: 4;*"])
     # both results compared; the timing of six tiny requests is not what this judges (it moved by more
@@ -555,3 +559,36 @@ def test_a_run_whose_engine_died_is_kept_partial_and_never_becomes_a_baseline(tm
     assert not list(tmp_path.rglob("*.json"))
     verdict = gate("t", perf, GateConfig("compare", tmp_path, 0.10, "cpu", "m", 2), {}, {})
     assert verdict.labels == {"0": baseline.NO_BASELINE}  # '1' is not even looked up
+
+
+def test_the_environment_comes_from_every_run_and_a_change_is_named_down_to_the_setting():
+    """FAKE engines (plugin mechanics): one engine configuration gives the flat environment of every
+    baseline file; two give one per result, and the failure text names the setting that changed."""
+    from fake_engine import WORKLOAD, FakeWarmingEngine
+
+    from pytest_llmperf.gating import environment, failure_text
+    from pytest_llmperf.runner import LLMPerf
+
+    class Configured(FakeWarmingEngine):  # a FAKE engine with options
+        def __init__(self, **config):
+            super().__init__([0.01])
+            self._config = config
+
+        @property
+        def config(self):
+            return self._config
+
+    one = LLMPerf()
+    one.run(Configured(max_num_seqs=8), WORKLOAD, warmup=False, label="a")
+    one.run(Configured(max_num_seqs=8), WORKLOAD, warmup=False, label="b")
+    assert environment(one, "cpu", None) == {"engine": "fake", "engine_version": "0",
+                                             "engine_config": {"max_num_seqs": 8}, "hardware": "cpu"}
+    two = LLMPerf()
+    two.run(Configured(max_num_seqs=8), WORKLOAD, warmup=False, label="a")
+    two.run(Configured(max_num_seqs=16), WORKLOAD, warmup=False, label="b")
+    env = environment(two, "cpu", None)
+    assert env["engines"]["b"]["engine_config"] == {"max_num_seqs": 16} and "engine" not in env
+    old = {**env, "engines": {**env["engines"], "b": {**env["engines"]["b"], "engine_config": {"max_num_seqs": 32}}}}
+    text = failure_text(baseline.Verdict("regression", environment=old), env)
+    assert "changed since the baseline: engines.b.engine_config.max_num_seqs: 32 -> 16" in text
+    assert "engines.a" not in text
