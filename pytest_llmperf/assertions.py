@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import quantiles
+from .formatting import number
 from .metrics import PerfResult, SequenceMetrics
 from .sweep import Sweep, throughput_per_gib, unknown_latency_metrics
 
@@ -314,11 +315,11 @@ def sample_notes(limits: Iterable[Limit], results: Sequence[PerfResult]) -> list
             label = f" [{result.label}]" if result.label else ""
             why = quantiles.not_gated(limit.metric, few[2])
             if not limit.holds(measured) and not _confirmed(limit, result):
-                notes.append(f"{limit.metric} = {_fmt(measured)} ms > limit {_fmt(limit.bound)} ms (from "
+                notes.append(f"{limit.metric} = {number(measured)} ms > limit {number(limit.bound)} ms (from "
                              f"@pytest.mark.{limit.marker}){label}: {why}, and the lower end of its 95% interval is "
                              "within the limit; measure more requests to gate it")
             elif limit.holds(measured):
-                notes.append(f"{limit.metric} = {_fmt(measured)} ms <= limit {_fmt(limit.bound)} ms (from "
+                notes.append(f"{limit.metric} = {number(measured)} ms <= limit {number(limit.bound)} ms (from "
                              f"@pytest.mark.{limit.marker}){label} holds in this sample, but proves little: {why}")
     return notes
 
@@ -353,8 +354,8 @@ def check_sweeps(limits: Iterable[Limit], sweeps: Sequence[Sweep]) -> list[Viola
                 raise MarkerError(f"@pytest.mark.{limit.marker}: give under={{'p99_ttft_ms': ...}} here or in the sweep")
             cap = sweep.capacity(under)
             if cap is None or not limit.holds(cap):
-                shown = ", ".join(f"{k} <= {_fmt(v)}" for k, v in under.items())
-                context = (f"sweep {sweep.label!r} over {kind} {', '.join(_fmt(v) for v in sweep.values)}; "
+                shown = ", ".join(f"{k} <= {number(v)}" for k, v in under.items())
+                context = (f"sweep {sweep.label!r} over {kind} {', '.join(number(v) for v in sweep.values)}; "
                            f"capacity = the largest {kind} with {shown} and no failed request")
                 violations.append(Violation(limit, cap if cap is not None else 0.0, sweep.points[-1].result,
                                             context=context))
@@ -385,12 +386,8 @@ def format_margin(row: Mapping[str, Any]) -> str:
     missed = "over" if row["upper"] else "short"
     spare = "" if row["margin"] is None else (f" ({row['margin']:.0%} to spare)" if row["margin"] >= 0 else
                                               f" ({missed} by {-row['margin']:.0%})")
-    return (f"{row['metric']} {_g(row['measured'])}{unit} {'<=' if row['upper'] else '>='} "
-            f"{_g(row['bound'])}{unit}{spare}")
-
-
-def _g(value: float) -> str:
-    return f"{value:.0f}" if abs(value) >= 1000 or value == int(value) else f"{value:.4g}"
+    return (f"{row['metric']} {number(row['measured'])}{unit} {'<=' if row['upper'] else '>='} "
+            f"{number(row['bound'])}{unit}{spare}")
 
 
 def format_violations(violations: Sequence[Violation]) -> str:
@@ -400,7 +397,7 @@ def format_violations(violations: Sequence[Violation]) -> str:
         op = ">" if lim.upper else "<"
         unit = f" {lim.unit}" if lim.unit else ""
         label = f" [{r.label}]" if r.label and not v.context else ""
-        lines.append(f"  {lim.metric} = {_fmt(v.measured)}{unit} {op} limit {_fmt(lim.bound)}{unit}"
+        lines.append(f"  {lim.metric} = {number(v.measured)}{unit} {op} limit {number(lim.bound)}{unit}"
                      f"  (from @pytest.mark.{lim.marker}){label}")
         if v.context:
             lines.append(f"    {v.context}")
@@ -411,14 +408,9 @@ def format_violations(violations: Sequence[Violation]) -> str:
         if v.worst:
             rows = "; ".join(
                 f"#{s.index}{'.' + str(s.sample) if s.sample else ''} (prompt {s.prompt_len}, output {s.output_len})"
-                f" {_fmt(getattr(s, lim.sequence_metric))} ms"
+                f" {number(getattr(s, lim.sequence_metric))} ms"
                 for s in v.worst
             )
             lines.append(f"    worst requests: {rows}")
     return "\n".join(lines)
 
-
-def _fmt(x: float) -> str:
-    if x == int(x) and abs(x) < 1e12:
-        return str(int(x))
-    return f"{x:.4g}" if abs(x) < 1 else f"{x:.1f}" if abs(x) < 1e5 else f"{x:.4g}"

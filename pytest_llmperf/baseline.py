@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from . import paging_timeline, quantiles, stats
+from .formatting import number, pair
 
 SCHEMA = 1
 DEFAULT_TOLERANCE = 0.10
@@ -384,7 +385,7 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
     if c == b or change <= tol:
         return row("ok")
     if exact:
-        reason = f"paging changed: {metric} {_fmt_pair(b, c)}"
+        reason = f"paging changed: {metric} {pair(b, c)}"
         if not worse:
             reason += (f" ({'higher' if higher_better else 'lower'} is better: an improvement, but the paging of an "
                        "offline workload must match its baseline exactly; record it with --llmperf-baseline=update)")
@@ -422,24 +423,12 @@ def _spread(per_repeat: Sequence[Mapping[str, float | None]], metric: str) -> fl
 def format_table(verdict: Verdict) -> str:
     head = ("result", "metric", "baseline", "current", "change", "allowed", "reason")
     rows = [head] + [
-        (r.label or "-", r.metric, _fmt(r.baseline), _fmt(r.current), f"{r.change:+.1%}", f"{r.allowed:.1%}",
+        (r.label or "-", r.metric, number(r.baseline), number(r.current), f"{r.change:+.1%}", f"{r.allowed:.1%}",
          r.reason or r.verdict)
         for r in verdict.rows if r.verdict not in ("ok", "reported") or r.reason
     ]
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
     return "\n".join("  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
-
-
-def _fmt(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:.4g}"
-
-
-def _fmt_pair(old: float, new: float) -> str:
-    """`old -> new` with enough digits that two different values never print alike."""
-    a, b = _fmt(old), _fmt(new)
-    if a == b and old != new:
-        a, b = f"{old:.6g}", f"{new:.6g}"
-    return f"{a} -> {b}"
 
 
 # -- a measured result as an entry --------------------------------------------------------------

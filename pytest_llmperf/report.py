@@ -15,6 +15,7 @@ from typing import Any
 from . import baseline
 from .assertions import format_margin
 from .baseline import Entry, strict_json
+from .formatting import cell
 
 RESULTS_SCHEMA = 1
 HEADLINE = (("p99_ttft_ms", "TTFT p99 ms"), ("p99_tpot_ms", "TPOT p99 ms"), ("p99_itl_ms", "ITL p99 ms"),
@@ -177,15 +178,6 @@ def _trace_note(res: Mapping[str, Any]) -> str:
     trace = (res.get("workload") or {}).get("trace") or {}
     changed = [f"{trace[k]} {k}" for k in ("clipped", "skipped") if trace.get(k)]
     return f" (trace: {', '.join(changed)})" if changed else ""
-
-
-def cell(value: Any) -> str:
-    """A metric value as a table shows it."""
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}" if abs(value) < 1 else f"{value:.1f}"
-    return str(value)
 
 
 def _outcome(outcome: str) -> str:

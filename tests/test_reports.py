@@ -106,3 +106,12 @@ def test_results_json_and_baselines_are_strict_json(tmp_path):
         "change": None, "tolerance": [None, {"a": None}]}
     baseline.write(tmp_path / "b.json", {"entries": [{"metrics": {"change": float("nan"), "ok": 1.5}}]})
     assert strict((tmp_path / "b.json").read_text())["entries"][0]["metrics"] == {"change": None, "ok": 1.5}
+
+
+def test_one_number_format_for_messages_margins_and_tables():
+    from pytest_llmperf.formatting import cell, number, pair
+
+    assert [number(x) for x in (47.0, 1024.9, 12345.6, 936.94, 0.0493412)] == ["47", "1025", "12346", "936.9", "0.04934"]
+    assert pair(0.0351512, 0.0351548) == "0.0351512 -> 0.0351548"  # never two different values printed alike
+    assert pair(547, 280) == "547 -> 280"
+    assert [cell(x) for x in (None, 0.12345, 2147.44, 33)] == ["-", "0.123", "2147.4", "33"]
