@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .baseline import DEFAULT_TOLERANCE, parse_tolerance
-from .report import compare_files, load
+from .baseline import DEFAULT_TOLERANCE, compare_results, parse_tolerance
+from .report import load
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    text, regressed = compare_files(old, new, tolerance, tolerances)
+    text, regressed = compare_results(old, new, tolerance, tolerances)
     print(text)
     return 1 if regressed else 0
 

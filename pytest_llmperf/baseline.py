@@ -431,6 +431,28 @@ def format_table(verdict: Verdict) -> str:
     return "\n".join("  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
 
+def compare_results(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: float,
+                    tolerances: Mapping[str, float] | None = None) -> tuple[str, bool]:
+    """Two `results.json` documents (`--llmperf-report`): the regression table of every test present in
+    both, with the baseline rules (`tolerances`: per metric, over `tolerance`)."""
+    before = {t["test"]: t for t in old["tests"] if t["results"]}
+    out, regressed = [], False
+    for test in new["tests"]:
+        if not test["results"]:
+            continue
+        prior = before.get(test["test"])
+        if prior is None:
+            out.append(f"{test['test']}: new test, nothing to compare")
+            continue
+        stored = {"entries": prior["results"], "environment": prior.get("environment")}
+        verdict = compare(stored, [Entry.from_dict(r) for r in test["results"]], tolerances, tolerance)
+        regressed |= verdict.status == "regression"
+        out.append(f"{test['test']}: {verdict.status}{' - ' + verdict.message if verdict.message else ''}")
+        if any(r.verdict not in ("ok", "reported") or r.reason for r in verdict.rows):
+            out.append(format_table(verdict))
+    return "\n".join(out), regressed
+
+
 # -- a measured result as an entry --------------------------------------------------------------
 def result_entry(run: Any, index: int) -> Entry:
     """The entry of one run (`runner.Run`: its result, workload and engine)."""

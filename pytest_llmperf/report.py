@@ -147,28 +147,6 @@ def load(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def compare_files(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: float,
-                  tolerances: Mapping[str, float] | None = None) -> tuple[str, bool]:
-    """The regression table of every test present in both files, with the baseline rules
-    (`tolerances`: per metric, over `tolerance`)."""
-    before = {t["test"]: t for t in old["tests"] if t["results"]}
-    out, regressed = [], False
-    for test in new["tests"]:
-        if not test["results"]:
-            continue
-        prior = before.get(test["test"])
-        if prior is None:
-            out.append(f"{test['test']}: new test, nothing to compare")
-            continue
-        stored = {"entries": prior["results"], "environment": prior.get("environment")}
-        verdict = baseline.compare(stored, [Entry.from_dict(r) for r in test["results"]], tolerances, tolerance)
-        regressed |= verdict.status == "regression"
-        out.append(f"{test['test']}: {verdict.status}{' - ' + verdict.message if verdict.message else ''}")
-        if any(r.verdict not in ("ok", "reported") or r.reason for r in verdict.rows):
-            out.append(baseline.format_table(verdict))
-    return "\n".join(out), regressed
-
-
 def result_name(res: Mapping[str, Any]) -> str:
     return res["label"] + (" (partial)" if res.get("summary", {}).get("partial") else "") + _trace_note(res)
 
