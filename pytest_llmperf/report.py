@@ -48,8 +48,17 @@ def document(records: Sequence[TestRecord], session: Mapping[str, Any]) -> dict[
     return {"schema": RESULTS_SCHEMA, "session": dict(session), "tests": [asdict(r) for r in records]}
 
 
+def _table(records: Sequence[TestRecord], test: Any, outcome: Any) -> list[tuple[str, ...]]:
+    """The headline table, one row per result, in the column order of summary.md and the terminal alike
+    (`test` and `outcome` write those cells as each medium shows them)."""
+    head = ("test", "result", *(name for _, name in HEADLINE), "baseline", "outcome")
+    return [head] + [(test(rec.test), result_name(res), *(cell(res["metrics"].get(k)) for k, _ in HEADLINE),
+                      rec.baseline, outcome(rec.outcome))
+                     for rec in records for res in rec.results]
+
+
 def markdown(records: Sequence[TestRecord], session: Mapping[str, Any]) -> str:
-    head = ["test", "result", *(name for _, name in HEADLINE), "outcome", "baseline"]
+    head, *rows = _table(records, lambda t: f"`{t}`", _outcome)
     lines = [
         "## pytest-llmperf",
         "",
@@ -58,11 +67,7 @@ def markdown(records: Sequence[TestRecord], session: Mapping[str, Any]) -> str:
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
-    for rec in records:
-        for res in rec.results:
-            cells = [f"`{rec.test}`", result_name(res), *(cell(res["metrics"].get(k)) for k, _ in HEADLINE),
-                     _outcome(rec.outcome), rec.baseline]
-            lines.append("| " + " | ".join(cells) + " |")
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
     curves = [(rec.test, sw) for rec in records for sw in rec.sweeps]
     if curves:
         lines += ["", "### Sweeps", "", "| test | sweep | over | capacity | under | Pareto points | best balance |",
@@ -169,13 +174,8 @@ def terminal_lines(records: Sequence[TestRecord]) -> list[str]:
     """The session's llmperf section of the terminal summary: the headline table (the columns and
     number format of summary.md), each test's limit margins, the baseline counts and every metric
     that moved against its baseline."""
-    head = ("test", "result", *(name for _, name in HEADLINE), "baseline", "outcome")
-    rows = [head] + [
-        (rec.test, result_name(res), *(cell(res["metrics"].get(k)) for k, _ in HEADLINE), rec.baseline, rec.outcome)
-        for rec in records
-        for res in rec.results
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    rows = _table(records, str, str)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     for rec in records:
         if rec.limits:
