@@ -153,6 +153,25 @@ def test_usage_counts_only_scrapes_answered_during_the_run():
     assert scraper.scrapes_within(1.0, 3.0) == 1 and scraper.scrapes_within(4.0, 5.0) == 0
 
 
+def test_a_run_shorter_than_the_scrape_period_is_seen_at_its_first_tokens(openai_engine_factory):
+    """FAKE server (plugin mechanics; SGLang exposition text written from its metric definitions): with
+    a scrape period far longer than the run, only the scrapes sent at requests' first tokens can see
+    the server at work, and they do; none is left in flight after the run."""
+    from test_metrics_dialects import WRITTEN_SGLANG
+
+    fake = FakeServer({})
+    try:
+        fake.httpd.pages = {"/metrics": WRITTEN_SGLANG}
+        engine = openai_engine_factory(base_url=fake.base_url, vocab_size=100, metrics_interval_s=30.0)
+        trace = engine.run(Workload.poisson(20.0, 12, prompt_len=8, output_len=4, seed=2))
+        assert trace.extra["metrics_scrapes_during_run"] >= 2 and "usage" in trace.kv_measures
+        assert trace.kv and max(k.blocks_used for k in trace.kv) > 0
+        edge_gaps = [b.t - a.t for a, b in zip(trace.kv, trace.kv[1:])]
+        assert all(gap >= 0 for gap in edge_gaps)  # in the order they were answered
+    finally:
+        fake.stop()
+
+
 # -- a real vllm serve ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def served(vllm_server):

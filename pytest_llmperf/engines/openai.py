@@ -20,9 +20,12 @@ the key nor its value is stored in the configuration, reports or baselines.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import math
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -196,13 +199,14 @@ class OpenAIEngine(Engine):
             watching = asyncio.create_task(self._watch_health(client, down, found))
             start = time.perf_counter()
             slots = asyncio.Semaphore(workload.concurrency) if workload.concurrency else None
-            tasks = [asyncio.create_task(self._one(client, workload, i, salt, start, slots, down))
+            tasks = [asyncio.create_task(self._one(client, workload, i, salt, start, slots, down, scraper.poke))
                      for i in range(len(workload.requests))]
             await _until_done_or_down(tasks, down)
             results = [t.result() for t in tasks]
             end = time.perf_counter()
             scraping.cancel()
             watching.cancel()
+            await scraper.stop()
             if not down.is_set():
                 await scraper.scrape()
         sequences = tuple(s for seqs in results for s in seqs)
@@ -233,7 +237,8 @@ class OpenAIEngine(Engine):
         return body
 
     async def _one(self, client: Any, workload: Workload, i: int, salt: int, start: float,
-                   slots: asyncio.Semaphore | None, down: asyncio.Event) -> list[SequenceTrace]:
+                   slots: asyncio.Semaphore | None, down: asyncio.Event,
+                   on_first_token: Callable[[], None]) -> list[SequenceTrace]:
         req = workload.requests[i]
         stream = _Stream(req.n)
         sent = False
@@ -244,7 +249,7 @@ class OpenAIEngine(Engine):
             if not sent:
                 stream.error = "not sent: the server went down during the run"
             else:
-                await self._stream(client, workload, i, salt, stream)
+                await self._stream(client, workload, i, salt, stream, on_first_token)
         except asyncio.CancelledError:
             if not down.is_set():
                 raise
@@ -256,7 +261,8 @@ class OpenAIEngine(Engine):
         return [SequenceTrace(i, k, prompt_len, req.output_len, submit, tuple(stream.chunks_of(k)), stream.error)
                 for k in range(req.n)]
 
-    async def _stream(self, client: Any, workload: Workload, i: int, salt: int, stream: _Stream) -> None:
+    async def _stream(self, client: Any, workload: Workload, i: int, salt: int, stream: _Stream,
+                      on_first_token: Callable[[], None]) -> None:
         path = "/chat/completions" if self._cfg["endpoint"] == "chat" else "/completions"
         try:
             async with client.stream("POST", self._cfg["base_url"] + path, json=self._payload(workload, i, salt)) as r:
@@ -265,7 +271,10 @@ class OpenAIEngine(Engine):
                     stream.error = f"HTTP {r.status_code}: {body}"
                 else:
                     async for line in r.aiter_lines():
+                        seen = stream.chunks_seen
                         stream.feed(line, time.perf_counter())
+                        if seen == 0 and stream.chunks_seen:
+                            on_first_token()
                     if not stream.done:
                         stream.error = f"stream cut after {stream.chunks_seen} chunks (no [DONE])"
         except self._httpx.TimeoutException:
@@ -363,6 +372,10 @@ class _Stream:
         return [Chunk(t, c) for t, c in kept]
 
 
+# the least time between two scrapes sent at first tokens (poke): a burst of arrivals gets one
+EDGE_GAP_S = 0.02
+
+
 class _Scraper:
     """Samples the server's Prometheus /metrics during a run into KV samples (counters as deltas),
     read through its family's dialect (metrics_dialects): detected from the first answer, or given."""
@@ -372,6 +385,8 @@ class _Scraper:
         self.rows: list[tuple[float, float, dict[str, float]]] = []  # (sent, answer received, fields)
         self.dialect = metrics_dialects.dialect(family) if family else None
         self.available = interval > 0
+        self._edge: asyncio.Future[None] | None = None  # a scrape sent at a request's first token
+        self._last_sent = -math.inf
 
     @property
     def family(self) -> str | None:
@@ -383,7 +398,7 @@ class _Scraper:
         if self.dialect is None:
             await self._discover()
             return
-        sent = time.perf_counter()
+        sent = self._last_sent = time.perf_counter()
         try:
             response = await self.client.get(self.root + self.dialect.path, timeout=5.0)
         except Exception:  # noqa: BLE001 - a busy server may miss one scrape; one that never answers has none
@@ -410,6 +425,25 @@ class _Scraper:
                 return
         self.available = False
 
+    def poke(self) -> None:
+        """A scrape now, at an edge of the run: a request's first token, when the server holds its KV
+        blocks. A short run (24 Poisson requests in 1.4 s) can end between two periodic scrapes, or be
+        answered only after it on a busy server, and its KV usage goes unmeasured; scrapes at its first
+        tokens see it at work. At most one such scrape in flight, and none within EDGE_GAP_S of another,
+        so that a burst of first tokens does not become a burst of scrapes the server must answer."""
+        if not self.available or self.dialect is None or (self._edge is not None and not self._edge.done()):
+            return
+        if time.perf_counter() - self._last_sent < EDGE_GAP_S:
+            return
+        self._edge = asyncio.ensure_future(self.scrape())
+
+    async def stop(self) -> None:
+        """No scrape left in flight: what comes after the run (the last scrape) is the last row."""
+        if self._edge is not None and not self._edge.done():
+            self._edge.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._edge
+
     def measures(self) -> frozenset[str]:
         return self.dialect.measures() if self.dialect else frozenset()
 
@@ -420,6 +454,10 @@ class _Scraper:
         return sum(1 for sent, received, v in self.rows
                    if sent >= start and received <= end and v.get("running", 0) + v.get("waiting", 0) > 0)
 
+    def _in_order(self) -> list[tuple[float, float, dict[str, float]]]:
+        """Rows by the time their answer came (a scrape at an edge can overtake a periodic one)."""
+        return sorted(self.rows, key=lambda row: row[1])
+
     async def loop(self) -> None:
         while self.available:
             await asyncio.sleep(self.interval)
@@ -429,17 +467,19 @@ class _Scraper:
         """The server's own count of the prompt and output tokens of the run, where it exports one."""
         if len(self.rows) < 2:
             return {}
-        first, last = self.rows[0][2], self.rows[-1][2]
+        rows = self._in_order()
+        first, last = rows[0][2], rows[-1][2]
         counts = {k: int(last[f] - first[f]) for k, f in (("prompt", "prompt_tokens"), ("output", "output_tokens"))
                   if f in first and f in last}
         return {"server_tokens": counts} if counts else {}
 
     def samples(self) -> tuple[KVSample, ...]:
-        if len(self.rows) < 2 or not self.rows[0][2]:
+        rows = self._in_order()
+        if len(rows) < 2 or not rows[0][2]:
             return ()
-        base = self.rows[0][2]
+        base = rows[0][2]
         out = []
-        for _, t, v in self.rows[1:]:
+        for _, t, v in rows[1:]:
             out.append(KVSample(
                 t=t, blocks_used=int(v.get("blocks_used", 0)), blocks_total=int(v.get("blocks_total", 0)),
                 block_size=int(v.get("block_size", 0)), tokens_stored=0, running=int(v.get("running", 0)),
