@@ -38,6 +38,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.server.refuse_token_ids and isinstance(body.get("prompt"), list):
+            self.send_error(422, "prompt must be a string")  # as TGI's OpenAI endpoint answers token ids
+            return
         fault = self.server.faults.get(len(body["prompt"]), "ok")
         self.server.auth.append(self.headers.get("Authorization"))
         if fault == "500":
@@ -51,11 +54,13 @@ class _Handler(BaseHTTPRequestHandler):
                 return  # connection closes without [DONE]
             if fault == "slow":
                 time.sleep(2.0)
-            chunk = {"choices": [{"index": 0, "text": f"t{i} ", "token_ids": [i]}]}
+            chunk = {"choices": [{"index": 0, "text": f"t{i} ", **({} if self.server.bare else {"token_ids": [i]})}]}
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
             self.wfile.flush()
-        usage = {"choices": [], "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": body["max_tokens"]}}
-        self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+        if not self.server.bare:
+            usage = {"choices": [], "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": body["max_tokens"]}}
+            self.wfile.write(f"data: {json.dumps(usage)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
 
     def _json(self, obj):
         data = json.dumps(obj).encode()
@@ -78,6 +83,8 @@ class FakeServer:
         self.httpd.health_calls = 0
         self.httpd.auth = []
         self.httpd.pages = {}  # path -> body of a GET answered with 200
+        self.httpd.refuse_token_ids = False  # answer token-id prompts with HTTP 422, as TGI does
+        self.httpd.bare = False  # stream text only: no token ids, no usage
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 

@@ -140,17 +140,19 @@ def test_allowed(openai_engine_factory, llmperf, fake):
     assert "error_rate = 0.25 > limit 0" in out and "failed requests: request 1.0: HTTP 500" in out
 
 
-def test_usage_counts_only_scrapes_answered_during_the_run():
+def test_usage_counts_only_scrapes_sent_during_the_run_that_saw_requests_in_the_server():
     """Plugin mechanics of the /metrics scraper, with hand-made scrape times (no server)."""
     from pytest_llmperf.engines.openai import _Scraper
 
     scraper = _Scraper(client=None, root="", interval=0.1)
-    # (sent, answered, values): the third one is answered after the run; the fourth, in the run, came
-    # before the server's first step of it (no request running or waiting: its usage gauge is idle)
-    busy = {"running": 3.0, "waiting": 1.0, "usage": 0.2}
+    # (sent, answered, values), the run from 1.0 to 3.0: the first and fourth were sent outside it; the
+    # third, sent in it, was answered after it, still showing requests in the server; the fifth and
+    # sixth, sent in it, show no request running or waiting (before the server's first step of the run,
+    # or answered once the run had left it): their usage gauge is idle
+    busy, idle = {"running": 3.0, "waiting": 1.0, "usage": 0.2}, {"running": 0.0, "waiting": 0.0, "usage": 0.0}
     scraper.rows = [(0.0, 0.1, busy), (1.1, 1.2, busy), (1.9, 3.1, busy), (3.2, 3.3, busy),
-                    (1.0, 1.05, {"running": 0.0, "waiting": 0.0, "usage": 0.0})]
-    assert scraper.scrapes_within(1.0, 3.0) == 1 and scraper.scrapes_within(4.0, 5.0) == 0
+                    (1.0, 1.05, idle), (2.9, 3.4, idle)]
+    assert scraper.scrapes_within(1.0, 3.0) == 2 and scraper.scrapes_within(4.0, 5.0) == 0
 
 
 def test_a_run_shorter_than_the_scrape_period_is_seen_at_its_first_tokens(openai_engine_factory):
@@ -168,6 +170,30 @@ def test_a_run_shorter_than_the_scrape_period_is_seen_at_its_first_tokens(openai
         assert trace.kv and max(k.blocks_used for k in trace.kv) > 0
         edge_gaps = [b.t - a.t for a, b in zip(trace.kv, trace.kv[1:])]
         assert all(gap >= 0 for gap in edge_gaps)  # in the order they were answered
+    finally:
+        fake.stop()
+
+
+def test_a_server_that_refuses_token_ids_gets_text_and_one_without_usage_is_counted_by_the_tokenizer(
+        openai_engine_factory):
+    """FAKE server (plugin mechanics): one that answers token-id prompts with HTTP 422, as TGI's OpenAI
+    endpoint does, and one that streams text with neither token ids nor usage. The engine probes at
+    start and says in its config what it sends and how it counts."""
+    fake = FakeServer({})
+    try:
+        w = Workload.offline(3, prompt_len=6, output_len=5, seed=1)
+        fake.httpd.refuse_token_ids = True
+        engine = openai_engine_factory(base_url=fake.base_url, vocab_size=100)
+        assert engine.config["prompt"] == "text (the server refused token-id prompts: HTTP 422)"
+        assert engine.config["token_counts"] == "token ids in the stream" and not engine.config["token_ids"]
+        trace = engine.run(w)
+        assert not any(s.error for s in trace.sequences) and [s.output_tokens for s in trace.sequences] == [5] * 3
+        fake.httpd.refuse_token_ids, fake.httpd.bare = False, True
+        engine = openai_engine_factory(base_url=fake.base_url, vocab_size=100, max_connections=8)
+        assert engine.config["prompt"] == "token ids"
+        assert engine.config["token_counts"].startswith("the model's tokenizer")
+        trace = engine.run(w)  # "t0 t1 t2 t3 t4": five words, five tokens of the shape's word tokenizer
+        assert [s.output_tokens for s in trace.sequences] == [5] * 3
     finally:
         fake.stop()
 
@@ -199,6 +225,17 @@ def test_streams_from_a_real_vllm_server_with_exact_token_counts(served, openai_
     assert r.kv.preemptions == 0 and r.kv.prefix_hit_rate is not None
     assert r.kv.fragmentation_max is None and r.kv.block_size == 32 and r.kv.blocks_total == 255
     assert served.alive and served.log_path.exists()
+
+
+def test_kv_usage_of_a_short_poisson_run_is_measured_every_time(served, openai_engine_factory):
+    """A real `vllm serve`: 24 Poisson requests (about 1.4 s) once left KV usage unmeasured when the
+    periodic scrapes missed the requests in flight; the scrapes at first tokens see them, run after run."""
+    engine = openai_engine_factory(base_url=served.base_url)
+    short = Workload.poisson(16.0, 24, prompt_len=(32, 128), output_len=(16, 48), seed=4)
+    for salt in range(3):
+        trace = engine.run(short, salt=salt)
+        assert trace.extra["metrics_scrapes_during_run"] > 0 and "usage" in trace.kv_measures, salt
+        assert max(k.blocks_used for k in trace.kv) > 0
 
 
 def test_the_http_path_against_the_in_process_engine(served, openai_engine_factory, vllm_engine_factory, llmperf):

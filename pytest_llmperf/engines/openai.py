@@ -83,6 +83,8 @@ class OpenAIEngine(Engine):
         self.max_model_len = int(info.get("max_model_len") or model.max_position_embeddings or 4096)
         self.vocab_size = int(cfg["vocab_size"] or model.vocab_size or 0)
         self.version = self._server_version()
+        self._facts = self._probe()
+        self._counter: Callable[[str], int] | None = None
         self.alive = True
 
     # -- server facts -----------------------------------------------------------------------
@@ -117,11 +119,59 @@ class OpenAIEngine(Engine):
         except (self._httpx.HTTPError, ValueError):
             return "unknown"
 
+    def _probe(self) -> dict[str, str]:
+        """What this server takes and streams, from one two-token request at start: whether it takes
+        token-id prompts (a server that refuses them, as TGI's OpenAI endpoint does with HTTP 422, gets
+        text prompts instead), and where the token counts of a chunk come from: token ids in the stream
+        (vLLM with return_token_ids), the `usage` at its end, or else the model's tokenizer over the
+        streamed text. Both go into `config`, so every result says how it was counted."""
+        facts = {"prompt": "chat messages" if self._cfg["endpoint"] == "chat" else
+                 "token ids" if self._cfg["token_ids"] and self.vocab_size else "text"}
+        status, stream = self._probe_once()
+        if facts["prompt"] == "token ids" and status in (400, 422):
+            self._cfg["token_ids"] = False
+            facts["prompt"] = f"text (the server refused token-id prompts: HTTP {status})"
+            status, stream = self._probe_once()
+        if status != 200 or stream is None:
+            facts["token_counts"] = f"not probed (HTTP {status})" if status else "not probed (no answer)"
+        elif any(c is not None for row in stream.times for _, c, _ in row):
+            facts["token_counts"] = "token ids in the stream"
+        elif stream.completion_tokens is not None:
+            facts["token_counts"] = "usage at the end of each stream"
+        else:
+            facts["token_counts"] = "the model's tokenizer over the streamed text (the server reports no usage)"
+        return facts
+
+    def _probe_once(self) -> tuple[int, _Stream | None]:
+        probe = Workload.offline(1, prompt_len=3, output_len=2, seed=0)
+        body = {**self._payload(probe, 0, 0), "ignore_eos": False, "min_tokens": 0} if self._cfg["ignore_eos"] \
+            else self._payload(probe, 0, 0)
+        path = "/chat/completions" if self._cfg["endpoint"] == "chat" else "/completions"
+        stream = _Stream(1)
+        try:
+            with self._httpx.stream("POST", self._cfg["base_url"] + path, json=body, headers=self._headers(),
+                                    timeout=60) as r:
+                if r.status_code != 200:
+                    return r.status_code, None
+                for line in r.iter_lines():
+                    stream.feed(line, time.perf_counter())
+        except self._httpx.HTTPError:
+            return 0, None
+        return 200, stream
+
+    def _count_tokens(self, text: str) -> int:
+        """Tokens in `text` by the model's own tokenizer (a shape's word tokenizer, or the model's),
+        for a server that streams text and reports no usage."""
+        if self._counter is None:
+            tokenizer = need("transformers", "openai").AutoTokenizer.from_pretrained(self.model.path)
+            self._counter = lambda t: len(tokenizer(t, add_special_tokens=False)["input_ids"])
+        return self._counter(text)
+
     @property
     def config(self) -> dict[str, Any]:
         # the server's address is this machine's business: baselines store no host names, ports or URLs
         kept = {k: v for k, v in self._cfg.items() if k != "base_url"}
-        return {**kept, "model": self._served_model, "max_model_len": self.max_model_len}
+        return {**kept, "model": self._served_model, "max_model_len": self.max_model_len, **self._facts}
 
     @property
     def base_url(self) -> str:
@@ -258,7 +308,8 @@ class OpenAIEngine(Engine):
             if slots is not None and sent:
                 slots.release()
         prompt_len = stream.prompt_tokens or req.prompt_len
-        return [SequenceTrace(i, k, prompt_len, req.output_len, submit, tuple(stream.chunks_of(k)), stream.error)
+        count = self._count_tokens if self._facts["token_counts"].startswith("the model's tokenizer") else None
+        return [SequenceTrace(i, k, prompt_len, req.output_len, submit, tuple(stream.chunks_of(k, count)), stream.error)
                 for k in range(req.n)]
 
     async def _stream(self, client: Any, workload: Workload, i: int, salt: int, stream: _Stream,
@@ -328,6 +379,7 @@ class _Stream:
 
     def __init__(self, n: int) -> None:
         self.times: list[list[tuple[float, int | None, bool]]] = [[] for _ in range(n)]  # (t, ids, text?)
+        self.texts: list[list[str]] = [[] for _ in range(n)]
         self.done = False
         self.error: str | None = None
         self.chunks_seen = 0
@@ -358,22 +410,29 @@ class _Stream:
             ids = choice.get("token_ids")
             text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
             self.times[choice.get("index", 0)].append((t, len(ids) if ids is not None else None, bool(text)))
+            if text:
+                self.texts[choice.get("index", 0)].append(text)
 
-    def chunks_of(self, k: int) -> list[Chunk]:
+    def chunks_of(self, k: int, count: Callable[[str], int] | None = None) -> list[Chunk]:
         """Chunks that carried tokens. Exact counts where the server sent token ids; else one token per
         non-empty chunk (every chunk, for a server that streams no text at all, having no tokenizer),
-        the last one corrected so that the total matches the server's usage."""
+        the last one corrected so that the total matches the server's usage, or, for a server that
+        reports none, what `count` (the model's tokenizer) makes of the streamed text."""
         rows = self.times[k]
         if any(c is not None for _, c, _ in rows):
             return [Chunk(t, c) for t, c, _ in rows if c]
         kept = [(t, 1) for t, _, nonempty in rows if nonempty] or [(t, 1) for t, _, _ in rows]
-        if kept and self.completion_tokens is not None and len(self.times) == 1:
-            kept[-1] = (kept[-1][0], max(1, self.completion_tokens - (len(kept) - 1)))
+        total = self.completion_tokens if len(self.times) == 1 else None
+        if total is None and count is not None and self.texts[k]:
+            total = count("".join(self.texts[k]))
+        if kept and total is not None:
+            kept[-1] = (kept[-1][0], max(1, total - (len(kept) - 1)))
         return [Chunk(t, c) for t, c in kept]
 
 
 # the least time between two scrapes sent at first tokens (poke): a burst of arrivals gets one
 EDGE_GAP_S = 0.02
+EDGE_WAIT_S = 2.0  # how long the run's end waits for a scrape sent at a first token to be answered
 
 
 class _Scraper:
@@ -438,21 +497,24 @@ class _Scraper:
         self._edge = asyncio.ensure_future(self.scrape())
 
     async def stop(self) -> None:
-        """No scrape left in flight: what comes after the run (the last scrape) is the last row."""
-        if self._edge is not None and not self._edge.done():
-            self._edge.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._edge
+        """No scrape left in flight, so that the scrape after the run is the last row. One sent at a
+        first token still gets EDGE_WAIT_S to be answered: a server busy with the run answers late, and
+        what it answers was read while the run's requests were in it."""
+        if self._edge is None or self._edge.done():
+            return
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(self._edge, EDGE_WAIT_S)
 
     def measures(self) -> frozenset[str]:
         return self.dialect.measures() if self.dialect else frozenset()
 
     def scrapes_within(self, start: float, end: float) -> int:
-        """Scrapes sent and answered while the run was in flight and showing requests in the server:
-        only they can see its KV usage (a scrape answered before the server's first step of the run
-        still reads the idle gauge, 0; seen in CI)."""
-        return sum(1 for sent, received, v in self.rows
-                   if sent >= start and received <= end and v.get("running", 0) + v.get("waiting", 0) > 0)
+        """Scrapes sent while the run was in flight whose answer shows requests in the server: only they
+        saw its KV usage. A scrape answered before the server's first step of the run still reads the
+        idle gauge, 0 (seen in CI); one a busy server answers after the run ended reads it while requests
+        were still in it, or shows none and does not count."""
+        return sum(1 for sent, _, v in self.rows
+                   if start <= sent <= end and v.get("running", 0) + v.get("waiting", 0) > 0)
 
     def _in_order(self) -> list[tuple[float, float, dict[str, float]]]:
         """Rows by the time their answer came (a scrape at an edge can overtake a periodic one)."""
