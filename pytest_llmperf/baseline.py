@@ -425,10 +425,15 @@ def format_table(verdict: Verdict) -> str:
     rows = [head] + [
         (r.label or "-", r.metric, number(r.baseline), number(r.current), f"{r.change:+.1%}", f"{r.allowed:.1%}",
          r.reason or r.verdict)
-        for r in verdict.rows if r.verdict not in ("ok", "reported") or r.reason
+        for r in verdict.rows if _shown(r)
     ]
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
     return "\n".join("  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def _shown(row: Row) -> bool:
+    """A row the regression table shows: not a plain pass, or one with something to say."""
+    return row.verdict not in ("ok", "reported") or bool(row.reason)
 
 
 def compare_results(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: float,
@@ -448,7 +453,7 @@ def compare_results(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: f
         verdict = compare(stored, [Entry.from_dict(r) for r in test["results"]], tolerances, tolerance)
         regressed |= verdict.status == "regression"
         out.append(f"{test['test']}: {verdict.status}{' - ' + verdict.message if verdict.message else ''}")
-        if any(r.verdict not in ("ok", "reported") or r.reason for r in verdict.rows):
+        if any(_shown(r) for r in verdict.rows):
             out.append(format_table(verdict))
     return "\n".join(out), regressed
 

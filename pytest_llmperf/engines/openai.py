@@ -84,7 +84,9 @@ class OpenAIEngine(Engine):
         self.vocab_size = int(cfg["vocab_size"] or model.vocab_size or 0)
         self.version = self._server_version()
         self._facts = self._probe()
+        # no token ids and no usage in the stream: the model's tokenizer counts the streamed text
         self._counter: Callable[[str], int] | None = None
+        self._count_by_tokenizer = self._facts["token_counts"] == _BY_TOKENIZER
         self.alive = True
 
     # -- server facts -----------------------------------------------------------------------
@@ -139,18 +141,16 @@ class OpenAIEngine(Engine):
         elif stream.completion_tokens is not None:
             facts["token_counts"] = "usage at the end of each stream"
         else:
-            facts["token_counts"] = "the model's tokenizer over the streamed text (the server reports no usage)"
+            facts["token_counts"] = _BY_TOKENIZER
         return facts
 
     def _probe_once(self) -> tuple[int, _Stream | None]:
-        probe = Workload.offline(1, prompt_len=3, output_len=2, seed=0)
-        body = {**self._payload(probe, 0, 0), "ignore_eos": False, "min_tokens": 0} if self._cfg["ignore_eos"] \
-            else self._payload(probe, 0, 0)
-        path = "/chat/completions" if self._cfg["endpoint"] == "chat" else "/completions"
+        body = self._payload(Workload.offline(1, prompt_len=3, output_len=2, seed=0), 0, 0)
+        if self._cfg["ignore_eos"]:
+            body.update(ignore_eos=False, min_tokens=0)
         stream = _Stream(1)
         try:
-            with self._httpx.stream("POST", self._cfg["base_url"] + path, json=body, headers=self._headers(),
-                                    timeout=60) as r:
+            with self._httpx.stream("POST", self._url(), json=body, headers=self._headers(), timeout=60) as r:
                 if r.status_code != 200:
                     return r.status_code, None
                 for line in r.iter_lines():
@@ -158,6 +158,9 @@ class OpenAIEngine(Engine):
         except self._httpx.HTTPError:
             return 0, None
         return 200, stream
+
+    def _url(self) -> str:
+        return self._cfg["base_url"] + ("/chat/completions" if self._cfg["endpoint"] == "chat" else "/completions")
 
     def _count_tokens(self, text: str) -> int:
         """Tokens in `text` by the model's own tokenizer (a shape's word tokenizer, or the model's),
@@ -308,15 +311,14 @@ class OpenAIEngine(Engine):
             if slots is not None and sent:
                 slots.release()
         prompt_len = stream.prompt_tokens or req.prompt_len
-        count = self._count_tokens if self._facts["token_counts"].startswith("the model's tokenizer") else None
+        count = self._count_tokens if self._count_by_tokenizer else None
         return [SequenceTrace(i, k, prompt_len, req.output_len, submit, tuple(stream.chunks_of(k, count)), stream.error)
                 for k in range(req.n)]
 
     async def _stream(self, client: Any, workload: Workload, i: int, salt: int, stream: _Stream,
                       on_first_token: Callable[[], None]) -> None:
-        path = "/chat/completions" if self._cfg["endpoint"] == "chat" else "/completions"
         try:
-            async with client.stream("POST", self._cfg["base_url"] + path, json=self._payload(workload, i, salt)) as r:
+            async with client.stream("POST", self._url(), json=self._payload(workload, i, salt)) as r:
                 if r.status_code >= 400:
                     body = " ".join((await r.aread()).decode(errors="replace").split())[:200]
                     stream.error = f"HTTP {r.status_code}: {body}"
@@ -430,6 +432,7 @@ class _Stream:
         return [Chunk(t, c) for t, c in kept]
 
 
+_BY_TOKENIZER = "the model's tokenizer over the streamed text (the server reports no usage)"
 # the least time between two scrapes sent at first tokens (poke): a burst of arrivals gets one
 EDGE_GAP_S = 0.02
 EDGE_WAIT_S = 2.0  # how long the run's end waits for a scrape sent at a first token to be answered
