@@ -18,7 +18,7 @@ from .stats import pass_noise
 from .sweep import Sweep, SweepPoint, holds, unknown_latency_metrics
 from .timing import PhaseTimes
 from .trace import Roofline, RunTrace
-from .validity import behind_schedule
+from .validity import why_invalid
 from .workload import Workload
 
 WARMUP_REQUESTS = 4
@@ -133,7 +133,7 @@ class LLMPerf:
                                   engine, workload)
             raise
         result = replace(summarize(traces, workload.hash, len(workload), label=label),
-                         warmup=mode or "none", warmup_passes=passes, invalid=behind_schedule(traces, workload))
+                         warmup=mode or "none", warmup_passes=passes, invalid=why_invalid(traces, workload))
         result = with_timing_noise(result, self.steady_engines.get(engine, 0.0))
         self._keep_result(result, engine, workload)
         if self.check is not None:
@@ -281,7 +281,7 @@ class LLMPerf:
         # salts of their own (above the first measurement's), so no pass finds another's prefix cache
         traces = [self._measured(engine, workload, 100 + salt * repeats + i, phase) for i in range(repeats)]
         return replace(summarize(traces, workload.hash, len(workload), label=label),
-                       invalid=behind_schedule(traces, workload))
+                       invalid=why_invalid(traces, workload))
 
     def _keep_result(self, result: PerfResult, engine: Engine, workload: Workload) -> None:
         if self.check is not None:

@@ -6,15 +6,15 @@ import pytest
 
 from pytest_llmperf import Workload
 from pytest_llmperf.trace import Chunk, RunTrace, SequenceTrace
-from pytest_llmperf.validity import LATE_S, behind_schedule, schedule_lags
+from pytest_llmperf.validity import LATE_S, behind_schedule, saturated, schedule_lags, why_invalid
 
 TIMED = Workload.poisson(qps=10, n=40, prompt_len=8, output_len=4, seed=1)
 
 
-def sent(workload, late):
-    """A pass whose request i was sent `late(i)` seconds after its time."""
+def sent(workload, late, ttft=lambda i: 0.1):
+    """A pass whose request i was sent `late(i)` seconds after its time and answered `ttft(i)` later."""
     seqs = tuple(SequenceTrace(i, 0, r.prompt_len, r.output_len, 5.0 + r.arrival_s + late(i),
-                               (Chunk(5.1 + r.arrival_s + late(i), r.output_len),))
+                               (Chunk(5.0 + r.arrival_s + late(i) + ttft(i), r.output_len),))
                  for i, r in enumerate(workload.requests))
     return RunTrace("fake", seqs, 5.0, 10.0)
 
@@ -88,3 +88,34 @@ def test_an_invalid_result_fails_with_its_own_status_and_writes_no_baseline(pyte
     stored = {p.name for p in (pytester.path / "baselines").rglob("*.json")}
     assert stored == {"test_late.py_test_on_time.json"}, stored
     assert "| **INVALID** |" in (pytester.path / "report" / "summary.md").read_text()
+
+
+def test_ttft_rising_to_the_end_of_an_open_loop_run_is_saturation_and_says_what_to_change():
+    on_time = lambda i: 0.0  # noqa: E731
+    growing = sent(TIMED, on_time, lambda i: 0.05 + 0.01 * i)  # the queue grows by one request's worth each arrival
+    why = saturated([sent(TIMED, on_time), growing], TIMED)
+    assert why.startswith("the engine saturated under this open-loop load in pass 2 of 2: median TTFT rose from "
+                          "95.0 ms (first quarter of arrivals) to 395.0 ms (last quarter)"), why
+    assert "rank correlation with arrival time 1.00" in why and "fewer requests per second" in why
+    assert why_invalid([growing], TIMED) == saturated([growing], TIMED) != ""
+    # a run that is behind its schedule says that first: the late client explains the rest
+    assert why_invalid([sent(TIMED, lambda i: 0.3, lambda i: 0.05 + 0.01 * i)], TIMED).startswith("the client fell")
+
+
+@pytest.mark.parametrize("ttft", [
+    lambda i: 0.1 + 0.02 * (i % 3),  # steady, noisy
+    lambda i: 0.05 if i < 4 else 0.12,  # the first requests found an empty batch, then steady
+    lambda i: 0.4 if 15 <= i < 30 else 0.1,  # a burst in the middle of a replayed trace, drained by the end
+    lambda i: 0.1 + 0.01 * i if i < 30 else 0.1,  # rose, then the engine caught up before the end
+    lambda i: 0.1 + 0.001 * i,  # rising, but by less than twice over the run
+])
+def test_a_load_the_engine_keeps_up_with_is_not_saturation(ttft):
+    assert saturated([sent(TIMED, lambda i: 0.0, ttft)], TIMED) == ""
+
+
+def test_saturation_is_judged_on_open_loop_runs_with_enough_requests_only():
+    growing = lambda i: 0.05 + 0.05 * i  # noqa: E731
+    offline, loop = Workload.offline(40, 8, 4), Workload.closed_loop(2, 40, 8, 4)
+    few = Workload.poisson(qps=10, n=15, prompt_len=8, output_len=4, seed=1)
+    for w in (offline, loop, few):
+        assert saturated([sent(w, lambda i: 0.0, growing)], w) == ""

@@ -81,6 +81,18 @@ def test_arrivals_and_closed_loop_are_honoured(vllm_engine, llmperf):
 
 
 @pytest.mark.llmperf_engine(**BASE)
+def test_an_open_loop_rate_far_above_what_the_engine_sustains_is_not_a_valid_measurement(vllm_engine, llmperf):
+    # measured on this CPU (2026-12-04): 96 such requests at 20/s ran with a flat TTFT (rank correlation
+    # 0.16), at 40/s and above TTFT rose from ~40 ms to over a second (0.97-0.99)
+    kept_up = llmperf.run(vllm_engine, Workload.poisson(qps=8, n=48, prompt_len=(16, 256), output_len=(16, 64), seed=3))
+    flooded = llmperf.run(vllm_engine, Workload.poisson(qps=400, n=96, prompt_len=(16, 256), output_len=(16, 64),
+                                                         seed=3), warmup=False)
+    assert kept_up.invalid == "", kept_up.invalid
+    assert flooded.invalid.startswith("the engine saturated under this open-loop load: median TTFT rose from"), flooded.invalid
+    llmperf.results.clear()  # the invalid result was the point here
+
+
+@pytest.mark.llmperf_engine(**BASE)
 def test_prefix_cache_hits_on_shared_system_prompts(vllm_engine, llmperf):
     shared = llmperf.run(vllm_engine, Workload.shared_prefix(16, prefix_len=512, suffix_len=(8, 40), output_len=8, seed=3))
     unique = llmperf.run(vllm_engine, Workload.offline(16, prompt_len=(520, 552), output_len=8, seed=3))
