@@ -119,6 +119,18 @@ class SequenceMetrics:
     tpot: float | None
     e2e: float | None
     itl: float | None  # the sequence's largest gap, so a worst-requests list can point at it
+    cached_tokens: int | None = None  # prompt tokens served from the prefix cache, where the engine says
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    """One turn of a session workload over all its sessions: how many requests, their TTFT, and the
+    share of their prompt tokens the engine served from its prefix cache (None where it does not say)."""
+
+    turn: int
+    requests: int
+    ttft: LatencyStats
+    prefix_cached_share: float | None
 
 
 @dataclass(frozen=True)
@@ -153,6 +165,8 @@ class PerfResult:
     warmup_passes: int = 0  # whole passes a steady warm-up took (0: the engine was steady from an earlier run)
     # why the measurement is not valid (validity.py: the client fell behind its arrival schedule); "" when valid
     invalid: str = ""
+    # a session workload's TTFT and prefix-cache hits turn by turn (`by_turn`); empty for other workloads
+    by_turn: tuple[TurnStats, ...] = ()
 
     @property
     def error_rate(self) -> float:
@@ -219,13 +233,25 @@ def flat_metrics(r: PerfResult) -> dict[str, float | None]:
 # -- per trace -------------------------------------------------------------------------------------
 def sequence_metrics(s: SequenceTrace) -> SequenceMetrics:
     if not s.ok:
-        return SequenceMetrics(s.index, s.sample, s.prompt_len, s.output_len, None, None, None, None)
+        return SequenceMetrics(s.index, s.sample, s.prompt_len, s.output_len, None, None, None, None, s.cached_tokens)
     ttft = (s.chunks[0].t - s.submit_t) * 1e3
     e2e = (s.chunks[-1].t - s.submit_t) * 1e3
     n = s.output_tokens
     tpot = (e2e - ttft) / (n - 1) if n > 1 else None
     gaps = itl_gaps_ms(s)
-    return SequenceMetrics(s.index, s.sample, s.prompt_len, s.output_len, ttft, tpot, e2e, max(gaps) if gaps else None)
+    return SequenceMetrics(s.index, s.sample, s.prompt_len, s.output_len, ttft, tpot, e2e, max(gaps) if gaps else None,
+                           s.cached_tokens)
+
+
+def by_turn(sequences: Sequence[SequenceMetrics], turns: Sequence[int]) -> tuple[TurnStats, ...]:
+    """TTFT and prefix-cache share per turn; `turns[i]` is request i's turn (Workload.turns)."""
+    out = []
+    for turn in sorted(set(turns)):
+        mine = [s for s in sequences if turns[s.index] == turn]
+        told = [s for s in mine if s.cached_tokens is not None]
+        share = sum(s.cached_tokens for s in told) / sum(s.prompt_len for s in told) if told else None  # type: ignore[misc]
+        out.append(TurnStats(turn, len(mine), LatencyStats.of([s.ttft for s in mine if s.ttft is not None]), share))
+    return tuple(out)
 
 
 def itl_gaps_ms(s: SequenceTrace) -> list[float]:
@@ -380,9 +406,10 @@ def with_timing_noise(result: PerfResult, noise: float) -> PerfResult:
 
 # -- over repeats --------------------------------------------------------------------------------
 def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, label: str = "",
-              partial: bool = False) -> PerfResult:
+              partial: bool = False, turns: Sequence[int] = ()) -> PerfResult:
     """Pool the sequences of every repeat for percentiles; take the median throughput of the
-    repeats; take the worst (max) KV and memory figures over the repeats."""
+    repeats; take the worst (max) KV and memory figures over the repeats. `turns` (each request's turn
+    in its session) adds `by_turn`."""
     if not traces:
         raise ValueError("summarize needs at least one run trace")
     gaps_of = [[g for s in t.sequences if s.ok for g in itl_gaps_ms(s)] for t in traces]
@@ -392,7 +419,8 @@ def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, l
         only = per_trace[0]
         latencies = _latencies(only.sequences, gaps_of[0])
         return replace(only, label=label, partial=partial, noise=stats.latency_noise(latencies, PERCENTILES, events),
-                       samples=stats.independent_samples(latencies, events))
+                       samples=stats.independent_samples(latencies, events),
+                       by_turn=by_turn(only.sequences, turns) if turns else ())
     seqs = tuple(s for r in per_trace for s in r.sequences)
     gaps = [g for trace_gaps in gaps_of for g in trace_gaps]
     thr = [r.throughput for r in per_trace]
@@ -423,6 +451,7 @@ def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, l
         duration_s=sum(r.duration_s for r in per_trace),
         label=label,
         partial=partial,
+        by_turn=by_turn(seqs, turns) if turns else (),
     )
 
 

@@ -170,6 +170,12 @@ def _outcome(outcome: str) -> str:
 _ROW_WORDS = {"regression": "regressed", "changed": "changed (improved)", "improvement": "improved"}
 
 
+def _turn_text(turn: Mapping[str, Any]) -> str:
+    cached = turn["prefix_cached_share"]
+    return (f"turn {turn['turn']}: {turn['requests']} requests, TTFT p50 {cell(turn['ttft']['p50'])} ms "
+            f"p99 {cell(turn['ttft']['p99'])} ms" + (f", prefix cached {cached:.0%}" if cached is not None else ""))
+
+
 def terminal_lines(records: Sequence[TestRecord]) -> list[str]:
     """The session's llmperf section of the terminal summary: the headline table (the columns and
     number format of summary.md), each test's limit margins, the baseline counts and every metric
@@ -181,6 +187,10 @@ def terminal_lines(records: Sequence[TestRecord]) -> list[str]:
         if rec.limits:
             shown = [format_margin(m) + (f" [{m['result']}]" if len(rec.results) > 1 else "") for m in rec.limits]
             lines.append(f"  limits of {rec.test}: " + "; ".join(shown))
+        for i, result in enumerate(rec.results):
+            turns = result.get("summary", {}).get("by_turn")
+            if turns:
+                lines.append(f"  turns of {rec.test} [{result.get('label') or i}]: " + "; ".join(map(_turn_text, turns)))
     gated = baseline_counts(records)
     if gated:
         lines.append(gated)

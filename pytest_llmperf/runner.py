@@ -132,7 +132,7 @@ class LLMPerf:
                 self._keep_result(summarize(traces, workload.hash, len(workload), label=label, partial=True),
                                   engine, workload)
             raise
-        result = replace(summarize(traces, workload.hash, len(workload), label=label),
+        result = replace(summarize(traces, workload.hash, len(workload), label=label, turns=workload.turns),
                          warmup=mode or "none", warmup_passes=passes, invalid=why_invalid(traces, workload))
         result = with_timing_noise(result, self.steady_engines.get(engine, 0.0))
         self._keep_result(result, engine, workload)
@@ -280,7 +280,7 @@ class LLMPerf:
                phase: str = "measurement") -> PerfResult:
         # salts of their own (above the first measurement's), so no pass finds another's prefix cache
         traces = [self._measured(engine, workload, 100 + salt * repeats + i, phase) for i in range(repeats)]
-        return replace(summarize(traces, workload.hash, len(workload), label=label),
+        return replace(summarize(traces, workload.hash, len(workload), label=label, turns=workload.turns),
                        invalid=why_invalid(traces, workload))
 
     def _keep_result(self, result: PerfResult, engine: Engine, workload: Workload) -> None:

@@ -43,6 +43,8 @@ class SequenceTrace:
     chunks: tuple[Chunk, ...]
     error: str | None = None
     engine_times: EngineTimes | None = None  # where the engine records them (vLLM >= 0.11.1 with stats on)
+    # prompt tokens the engine found in its prefix cache (vLLM's num_cached_tokens); None where not told
+    cached_tokens: int | None = None
 
     @property
     def output_tokens(self) -> int:

@@ -13,7 +13,7 @@ submission (transformers' static batches) are never late by construction.
 Saturated: under an open-loop load the engine keeps up or it does not. When it does not, the queue grows
 for as long as requests keep arriving, TTFT rises with arrival time, and every percentile measures how
 long the run was rather than the engine. A pass is saturated when, over its requests in arrival order,
-TTFT rises steadily (Spearman rank correlation with arrival time >= `RISING_RANK`), the last quarter's
+TTFT rises steadily (Spearman rank correlation with the time each was sent >= `RISING_RANK`), the last quarter's
 median TTFT is at least `RISE` times the first quarter's, and it is still rising at the end (the last
 quarter's median above the third's). A stable load shows a rank correlation near zero once the first
 requests have filled the batch; a burst in a replayed trace lifts a stretch of it, not the whole run.
@@ -46,8 +46,9 @@ def schedule_lags(trace: RunTrace, workload: Workload) -> list[float]:
     offline batch, a closed loop)."""
     if not _open_loop(workload):
         return []
-    arrivals = [r.arrival_s for r in workload.requests]
-    return [s.submit_t - trace.start_t - arrivals[s.index] for s in trace.sequences]
+    # a session's later turns are due after an answer, not at a time the workload sets
+    return [s.submit_t - trace.start_t - workload.requests[s.index].arrival_s for s in trace.sequences
+            if workload.requests[s.index].turn == 0]
 
 
 def behind_schedule(traces: Sequence[RunTrace], workload: Workload) -> str:
@@ -92,8 +93,8 @@ def ttft_rise(trace: RunTrace, workload: Workload) -> tuple[float, float, float]
     import numpy as np
     from scipy.stats import spearmanr
 
-    points = sorted((workload.requests[s.index].arrival_s, s.chunks[0].t - s.submit_t)
-                    for s in trace.sequences if s.ok)
+    # by the time each was sent: its arrival time, or for a session's later turn, after its answer came
+    points = sorted((s.submit_t, s.chunks[0].t - s.submit_t) for s in trace.sequences if s.ok)
     if len(points) < MIN_SATURATION_REQUESTS:
         return None
     arrival, ttft = np.array(points).T

@@ -140,6 +140,13 @@ class Request:
     instead, the last one partial: a block id always expands to the same tokens, so two requests
     whose block lists share a leading run share exactly those tokens. One group per request cannot
     say that [1, 2, 3] shares two blocks with [1, 2, 9] and one with [1, 4]; block ids can.
+
+    `session` and `turn` make a conversation: turn k > 0 of a session is sent `think_s` seconds after
+    the answer to turn k - 1 arrived (its `arrival_s` is unused), and its prompt is turn k - 1's prompt,
+    then that turn's answer, then a new message: `prompt_len` counts all three. The answer in the history
+    is a stand-in of `output_len` tokens drawn from the workload, not the tokens the model generated
+    (every turn is asked for exactly `output_len` tokens, so the lengths match): the history's prompt
+    blocks are shared with the earlier turn as in production, the answer's blocks are not.
     """
 
     prompt_len: int
@@ -150,6 +157,9 @@ class Request:
     prefix_len: int = 0
     blocks: tuple[int, ...] = ()
     block_len: int = 0
+    session: int | None = None
+    turn: int = 0
+    think_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.blocks, tuple):  # from_dict hands over JSON lists
@@ -167,12 +177,29 @@ class Request:
             problems.append(f"prefix_len={self.prefix_len!r} must be within [0, prompt_len={self.prompt_len}]")
         if self.prefix_len and self.prefix_group is None:
             problems.append("prefix_len > 0 needs a prefix_group")
+        problems += _turn_problems(self)
         if problems:
             raise ValueError("bad Request: " + "; ".join(problems))
 
     @property
     def total_len(self) -> int:
         return self.prompt_len + self.output_len
+
+
+def _turn_problems(r: Request) -> list[str]:
+    if r.session is None:
+        return [] if r.turn == 0 and r.think_s == 0 else ["turn and think_s need a session"]
+    problems = []
+    if not isinstance(r.turn, (int, np.integer)) or r.turn < 0:
+        problems.append(f"turn={r.turn!r} must be an int >= 0")
+    if not r.think_s >= 0:
+        problems.append(f"think_s={r.think_s!r} must be >= 0")
+    if r.n != 1:
+        problems.append("a session's turns take n=1 (the next turn's history holds one answer)")
+    if r.turn and (r.arrival_s or r.prefix_len or r.blocks):
+        problems.append("a later turn (turn > 0) is sent after the previous answer and starts with its history: "
+                        "leave arrival_s, prefix_len and blocks to turn 0")
+    return problems
 
 
 def _block_problems(r: Request) -> list[str]:
@@ -214,6 +241,7 @@ class Workload:
             raise ValueError("a workload needs at least one request (got zero)")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"concurrency={self.concurrency!r} must be >= 1")
+        _check_sessions(self)
 
     # -- constructors -------------------------------------------------------------------------
     @classmethod
@@ -275,6 +303,49 @@ class Workload:
         return cls(reqs, seed=seed, kind="shared_prefix")
 
     @classmethod
+    def sessions(
+        cls,
+        n_sessions: int,
+        turns: int,
+        message_len: LengthSpec,
+        output_len: LengthSpec,
+        *,
+        think_s: float = 0.0,
+        qps: float | None = None,
+        system_prompt_len: int = 0,
+        seed: int = 0,
+    ) -> Workload:
+        """`n_sessions` conversations of `turns` turns each: a turn's prompt is the conversation so far
+        (earlier prompts and answers) plus a new message of `message_len` tokens, sent `think_s` after the
+        previous answer arrived. Sessions start together, or open-loop at `qps` sessions per second
+        (exponential gaps). `system_prompt_len` > 0 opens every session with one shared system prompt.
+        `PerfResult.by_turn` reports TTFT and prefix-cache hits turn by turn."""
+        if n_sessions < 1 or turns < 1:
+            raise ValueError(f"sessions needs n_sessions >= 1 and turns >= 1, got {n_sessions}, {turns}")
+        if qps is not None and not qps > 0:
+            raise ValueError(f"sessions needs qps > 0 (or None: every session starts at once), got {qps}")
+        if system_prompt_len < 0:
+            raise ValueError(f"system_prompt_len={system_prompt_len!r} must be >= 0")
+        messages, outputs = _draw_lengths(n_sessions * turns, message_len, output_len, seed)
+        starts = np.zeros(n_sessions)
+        if qps is not None:
+            gaps = np.random.default_rng([seed, 2]).exponential(1.0 / qps, size=n_sessions)
+            gaps[0] = 0.0
+            starts = np.round(np.cumsum(gaps), 6)
+        reqs: list[Request] = []
+        for k in range(n_sessions):
+            history = system_prompt_len
+            for t in range(turns):
+                message, output = int(messages[k * turns + t]), int(outputs[k * turns + t])
+                first = t == 0
+                reqs.append(Request(history + message, output, arrival_s=float(starts[k]) if first else 0.0,
+                                    prefix_group=0 if first and system_prompt_len else None,
+                                    prefix_len=system_prompt_len if first else 0,
+                                    session=k, turn=t, think_s=0.0 if first else think_s))
+                history += message + output
+        return cls(tuple(reqs), seed=seed, kind="sessions")
+
+    @classmethod
     def from_trace(
         cls,
         path: str | Path,
@@ -308,7 +379,20 @@ class Workload:
     @property
     def is_offline(self) -> bool:
         """True when the whole batch is handed over at once (paging is then deterministic)."""
-        return self.concurrency is None and all(r.arrival_s == 0 for r in self.requests)
+        return self.concurrency is None and all(r.arrival_s == 0 and r.turn == 0 for r in self.requests)
+
+    @property
+    def turns(self) -> tuple[int, ...]:
+        """Each request's turn in its session; empty when the workload has no sessions."""
+        return tuple(r.turn for r in self.requests) if any(r.session is not None for r in self.requests) else ()
+
+    def previous_turn(self, index: int) -> int | None:
+        """The index of the request whose answer request `index` waits for (its session's previous turn)."""
+        req = self.requests[index]
+        if req.session is None or req.turn == 0:
+            return None
+        return next(j for j in range(index - 1, -1, -1)
+                    if self.requests[j].session == req.session and self.requests[j].turn == req.turn - 1)
 
     @property
     def max_total_len(self) -> int:
@@ -326,6 +410,13 @@ class Workload:
         """
         req = self.requests[index]
         lo, hi = min(_FIRST_PLAIN_TOKEN, vocab_size // 2), vocab_size
+        before = self.previous_turn(index)
+        if before is not None:  # the conversation so far: the previous prompt, a stand-in answer, a new message
+            earlier = self.requests[before]
+            answer = np.random.default_rng([self.seed, 17, salt, before]).integers(lo, hi, size=earlier.output_len)
+            message = np.random.default_rng([self.seed, 7, salt, index]).integers(lo, hi,
+                                                                                   size=req.prompt_len - earlier.total_len)
+            return self.token_ids(before, vocab_size, salt) + answer.tolist() + message.tolist()
         if req.blocks:
             return _block_tokens(req, [self.seed, 13, salt], lo, hi)
         own = np.random.default_rng([self.seed, 7, salt, index]).integers(lo, hi, size=req.prompt_len - req.prefix_len)
@@ -335,8 +426,9 @@ class Workload:
         return prefix.tolist() + own.tolist()
 
     def as_offline(self) -> Workload:
-        """The same requests handed over at once (arrivals and closed loop dropped)."""
-        reqs = tuple(replace(r, arrival_s=0.0) for r in self.requests)
+        """The same requests handed over at once (arrivals, closed loop and sessions dropped: each turn
+        keeps its prompt's length, not its history)."""
+        reqs = tuple(replace(r, arrival_s=0.0, session=None, turn=0, think_s=0.0) for r in self.requests)
         return Workload(reqs, seed=self.seed, kind=self.kind, trace=self.trace)
 
     # -- serialisation ------------------------------------------------------------------------
@@ -378,7 +470,7 @@ class Workload:
         p = [r.prompt_len for r in self.requests]
         o = [r.output_len for r in self.requests]
         loop = f", concurrency {self.concurrency}" if self.concurrency else ""
-        span = self.requests[-1].arrival_s
+        span = max(r.arrival_s for r in self.requests)
         arrivals = f", arrivals over {span:.2f}s" if span else ""
         source = f", {self.trace.note()}" if self.trace is not None else ""
         return (f"{self.kind}: {len(self)} requests, prompt {min(p)}-{max(p)}, output {min(o)}-{max(o)}"
@@ -391,11 +483,33 @@ class Workload:
 def _request_dict(r: Request) -> dict[str, Any]:
     d = asdict(r)
     # defaults are left out so that stored workloads stay short and readable
-    defaults = {"arrival_s": 0.0, "prefix_group": None, "n": 1, "prefix_len": 0, "blocks": (), "block_len": 0}
+    defaults = {"arrival_s": 0.0, "prefix_group": None, "n": 1, "prefix_len": 0, "blocks": (), "block_len": 0,
+                "session": None, "turn": 0, "think_s": 0.0}
     out = {k: (int(v) if isinstance(v, np.integer) else v) for k, v in d.items() if defaults.get(k, object()) != v}
     if "blocks" in out:
         out["blocks"] = [int(b) for b in out["blocks"]]
     return out
+
+
+def _check_sessions(w: Workload) -> None:
+    """Each session's turns come in order 0, 1, 2... in the request list, each longer than the previous
+    turn's prompt and answer; a closed loop does not take sessions (a turn waits for its own answer)."""
+    last: dict[int, int] = {}
+    for i, r in enumerate(w.requests):
+        if r.session is None:
+            continue
+        if w.concurrency is not None:
+            raise ValueError("a closed loop (concurrency) does not take sessions: their turns already wait for "
+                             "each answer; start sessions at once or at a qps instead")
+        if r.turn != last.get(r.session, -1) + 1:
+            raise ValueError(f"request {i}: session {r.session} turn {r.turn} follows turn {last.get(r.session)}: "
+                             "give a session's turns in order 0, 1, 2, ...")
+        earlier = w.previous_turn(i)
+        if earlier is not None and r.prompt_len <= w.requests[earlier].total_len:
+            raise ValueError(f"request {i}: session {r.session} turn {r.turn} has prompt_len={r.prompt_len}, but its "
+                             f"history alone (turn {r.turn - 1}'s prompt and answer) is {w.requests[earlier].total_len} "
+                             "tokens: add its new message")
+        last[r.session] = r.turn
 
 
 def _block_tokens(req: Request, key: list[int], lo: int, hi: int) -> list[int]:

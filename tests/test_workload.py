@@ -63,6 +63,30 @@ def test_shared_prefix_tokens_are_shared_within_a_group_only():
     assert w.token_ids(0, 32000, salt=1)[:64] != t[0][:64]
 
 
+def test_a_session_turn_carries_the_conversation_so_far_and_its_own_new_message():
+    w = Workload.sessions(3, turns=3, message_len=(8, 16), output_len=(4, 8), think_s=0.5, qps=2,
+                          system_prompt_len=32, seed=1)
+    assert w.turns == (0, 1, 2) * 3 and not w.is_offline and w.kind == "sessions"
+    ids = [w.token_ids(i, 32000) for i in range(len(w))]
+    assert [len(t) for t in ids] == [r.prompt_len for r in w.requests]
+    for i, r in enumerate(w.requests):
+        before = w.previous_turn(i)
+        if r.turn == 0:
+            assert before is None and r.think_s == 0 and ids[i][:32] == ids[0][:32]  # the shared system prompt
+        else:  # the previous prompt, its answer's stand-in, then a new message
+            assert before == i - 1 and r.think_s == 0.5 and r.arrival_s == 0
+            assert ids[i][:len(ids[before])] == ids[before]
+            assert r.prompt_len > w.requests[before].total_len
+    starts = [r.arrival_s for r in w.requests if r.turn == 0]
+    assert starts[0] == 0 and starts == sorted(starts) and starts[-1] > 0
+    again = Workload.from_dict(w.to_dict())
+    assert again == w and again.hash == w.hash
+    assert eval(repr(w), {"Workload": Workload}) == w
+    # sessions dropped (for the warm-up's offline gate): every prompt keeps its length
+    flat = w.as_offline()
+    assert flat.is_offline and flat.turns == () and [r.prompt_len for r in flat.requests] == [r.prompt_len for r in w.requests]
+
+
 def test_closed_loop_and_round_trip():
     w = Workload.closed_loop(concurrency=4, n=10, prompt_len=(10, 20), output_len=(1, 5), seed=9)
     assert w.concurrency == 4 and not w.is_offline
@@ -82,6 +106,14 @@ def test_closed_loop_and_round_trip():
         (lambda: Workload.offline(3, (9, 2), 8), "empty"),
         (lambda: Workload.offline(3, "long", 8), "not a length"),
         (lambda: Workload.poisson(qps=0, n=3, prompt_len=8, output_len=8), "qps > 0"),
+        (lambda: Workload.sessions(0, 3, 8, 4), "n_sessions >= 1"),
+        (lambda: Request(8, 4, turn=1), "turn and think_s need a session"),
+        (lambda: Request(8, 4, session=0, n=2), "n=1"),
+        (lambda: Request(40, 4, session=0, turn=1, arrival_s=1.0), "leave arrival_s"),
+        (lambda: Workload((Request(8, 4, session=0), Request(20, 4, session=0, turn=2))), "follows turn 0"),
+        (lambda: Workload((Request(8, 4, session=0), Request(12, 4, session=0, turn=1))),
+         "history alone .turn 0's prompt and answer. is 12 tokens"),
+        (lambda: Workload((Request(8, 4, session=0),), concurrency=2), "closed loop"),
     ],
 )
 def test_bad_input_is_a_clear_error(make, message):

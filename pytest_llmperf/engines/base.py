@@ -19,15 +19,43 @@ from ..workload import Request, Workload
 from .registry import BUILTIN, GROUP
 
 
-async def wait_for_turn(request: Request, start: float, slots: asyncio.Semaphore | None) -> None:
-    """Hold a request until it may be sent: a free slot in a closed loop (the caller releases it when
-    the request is done), else its arrival time since `start` (perf_counter seconds)."""
-    if slots is not None:
-        await slots.acquire()
-        return
-    delay = start + request.arrival_s - time.perf_counter()
-    if delay > 0:
-        await asyncio.sleep(delay)
+class Schedule:
+    """When each request of one run may be sent: at its arrival time since `start` (perf_counter
+    seconds), when a closed loop has a free slot, or `think_s` after the answer to the previous turn of
+    its session arrived. An engine awaits `wait(i)` before it sends request i and calls `done(i)` once
+    that request ended, whether it was sent, answered or failed (a later turn is sent either way: its
+    history is the workload's own, not the answer)."""
+
+    def __init__(self, workload: Workload, start: float) -> None:
+        self._workload, self._start = workload, start
+        self._slots = asyncio.Semaphore(workload.concurrency) if workload.concurrency else None
+        self._holding: set[int] = set()
+        self._answered: dict[int, asyncio.Future[float]] = {}
+
+    def _answer(self, index: int) -> asyncio.Future[float]:
+        if index not in self._answered:
+            self._answered[index] = asyncio.get_running_loop().create_future()
+        return self._answered[index]
+
+    async def wait(self, index: int) -> None:
+        if self._slots is not None:
+            await self._slots.acquire()
+            self._holding.add(index)
+            return
+        request: Request = self._workload.requests[index]
+        before = self._workload.previous_turn(index)
+        due = self._start + request.arrival_s if before is None else await self._answer(before) + request.think_s
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def done(self, index: int) -> None:
+        if index in self._holding:
+            self._holding.discard(index)
+            self._slots.release()  # type: ignore[union-attr]
+        answer = self._answer(index)
+        if not answer.done():
+            answer.set_result(time.perf_counter())
 
 
 class EngineError(RuntimeError):

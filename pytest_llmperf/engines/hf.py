@@ -112,10 +112,12 @@ class HFEngine(Engine):
                         kv_measures=frozenset({"fragmentation", "preemptions"}), framework_peak_bytes=peak)
 
     def _batches(self, workload: Workload, start: float, done: list[SequenceTrace]):
-        """Yield (request indexes, submit times) batch by batch, honouring arrivals or the closed loop."""
+        """Yield (request indexes, submit times) batch by batch, honouring arrivals, the closed loop or
+        a session's previous answer (a later turn is due `think_s` after it)."""
         max_rows = self._cfg["max_batch_size"]
         pending = list(range(len(workload.requests)))
         users = [start] * workload.concurrency if workload.concurrency else None
+        answered: dict[int, float] = {}
         while pending:
             now = time.perf_counter()
             batch: list[int] = []
@@ -128,9 +130,10 @@ class HFEngine(Engine):
                         break
                     submit = heapq.heappop(users)
                 else:
-                    submit = start + req.arrival_s
-                    if submit > now:
-                        break
+                    due = _due(workload, i, start, answered)
+                    if due is None or due > now:
+                        continue
+                    submit = due
                 if batch and rows + req.n > max_rows:
                     if users is not None:
                         heapq.heappush(users, submit)
@@ -140,15 +143,18 @@ class HFEngine(Engine):
                 rows += req.n
                 pending.remove(i)
             if not batch:
-                next_t = start + workload.requests[pending[0]].arrival_s if users is None else users[0]
+                dues = [d for i in pending if (d := _due(workload, i, start, answered)) is not None]
+                next_t = users[0] if users is not None else min(dues)
                 time.sleep(max(0.0, next_t - time.perf_counter()))
                 continue
             n_before = len(done)
             yield batch, submits
-            if users is not None:  # each finished request frees its user, who sends the next one
-                for s in done[n_before:]:
-                    if s.sample == 0:
-                        heapq.heappush(users, s.chunks[-1].t if s.chunks else time.perf_counter())
+            for s in done[n_before:]:
+                if s.sample == 0:
+                    end = s.chunks[-1].t if s.chunks else time.perf_counter()
+                    answered[s.index] = end
+                    if users is not None:  # each finished request frees its user, who sends the next one
+                        heapq.heappush(users, end)
 
     def _generate(self, workload: Workload, batch: Sequence[int], submits: Sequence[float], salt: int):
         torch = self._torch
@@ -227,3 +233,13 @@ class HFEngine(Engine):
         if self._torch.cuda.is_available():
             self._torch.cuda.synchronize()
             self._torch.cuda.empty_cache()
+
+
+def _due(workload: Workload, index: int, start: float, answered: dict[int, float]) -> float | None:
+    """When request `index` may be sent: its arrival time, or `think_s` after its session's previous
+    answer; None while that answer has not come."""
+    request = workload.requests[index]
+    before = workload.previous_turn(index)
+    if before is None:
+        return start + request.arrival_s
+    return answered[before] + request.think_s if before in answered else None

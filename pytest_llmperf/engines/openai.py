@@ -33,7 +33,7 @@ from ..models import ModelSpec
 from ..trace import Chunk, KVSample, RunTrace, SequenceTrace
 from ..workload import Workload
 from . import metrics_dialects
-from .base import Engine, EngineError, need, wait_for_turn
+from .base import Engine, EngineError, Schedule, need
 
 HEALTH_TIMEOUT_S = 5.0  # a server that cannot answer /health this fast is not running a workload either
 HEALTH_POLL_S = 1.0  # /health is asked this often during a run: a server gone is noticed in seconds
@@ -251,8 +251,8 @@ class OpenAIEngine(Engine):
             scraping = asyncio.create_task(scraper.loop())
             watching = asyncio.create_task(self._watch_health(client, down, found))
             start = time.perf_counter()
-            slots = asyncio.Semaphore(workload.concurrency) if workload.concurrency else None
-            tasks = [asyncio.create_task(self._one(client, workload, i, salt, start, slots, down, scraper.poke))
+            schedule = Schedule(workload, start)
+            tasks = [asyncio.create_task(self._one(client, workload, i, salt, schedule, down, scraper.poke))
                      for i in range(len(workload.requests))]
             await _until_done_or_down(tasks, down)
             results = [t.result() for t in tasks]
@@ -289,15 +289,13 @@ class OpenAIEngine(Engine):
             body["prompt"] = _words(workload, i, salt, self.vocab_size)
         return body
 
-    async def _one(self, client: Any, workload: Workload, i: int, salt: int, start: float,
-                   slots: asyncio.Semaphore | None, down: asyncio.Event,
-                   on_first_token: Callable[[], None]) -> list[SequenceTrace]:
+    async def _one(self, client: Any, workload: Workload, i: int, salt: int, schedule: Schedule,
+                   down: asyncio.Event, on_first_token: Callable[[], None]) -> list[SequenceTrace]:
         req = workload.requests[i]
         stream = _Stream(req.n)
-        sent = False
         submit = time.perf_counter()
         try:
-            sent = await _turn_unless_down(req, start, slots, down)
+            sent = await _turn_unless_down(schedule, i, down)
             submit = time.perf_counter()
             if not sent:
                 stream.error = "not sent: the server went down during the run"
@@ -308,8 +306,7 @@ class OpenAIEngine(Engine):
                 raise
             stream.error = f"cut: the server went down and this request did not end within {DOWN_GRACE_S:.0f} s"
         finally:
-            if slots is not None and sent:
-                slots.release()
+            schedule.done(i)
         prompt_len = stream.prompt_tokens or req.prompt_len
         count = self._count_tokens if self._count_by_tokenizer else None
         return [SequenceTrace(i, k, prompt_len, req.output_len, submit, tuple(stream.chunks_of(k, count)), stream.error)
@@ -345,18 +342,17 @@ def _health_verdict(status: int, root: str) -> str | None:
     return f"answers {root}/health with HTTP {status} (vLLM says so when its engine is dead)"
 
 
-async def _turn_unless_down(req: Any, start: float, slots: asyncio.Semaphore | None, down: asyncio.Event) -> bool:
-    """Waits for the request's turn as `wait_for_turn` does, but gives up as soon as the server is down
-    (a timed workload would otherwise send into a dead server until its schedule ends). True: send it."""
-    turn = asyncio.ensure_future(wait_for_turn(req, start, slots))
+async def _turn_unless_down(schedule: Schedule, i: int, down: asyncio.Event) -> bool:
+    """Waits for request i's turn, but gives up as soon as the server is down (a timed workload would
+    otherwise send into a dead server until its schedule ends). True: send it. The caller calls
+    `schedule.done(i)` either way, which frees a closed-loop slot the request may hold."""
+    turn = asyncio.ensure_future(schedule.wait(i))
     stop = asyncio.ensure_future(down.wait())
     await asyncio.wait({turn, stop}, return_when=asyncio.FIRST_COMPLETED)
     stop.cancel()
     if turn.done() and not down.is_set():
         return True
     turn.cancel()
-    if turn.done() and not turn.cancelled() and slots is not None:
-        slots.release()  # it took a slot just as the server went down
     return False
 
 

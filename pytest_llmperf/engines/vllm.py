@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 from ..models import ModelSpec
 from ..trace import Chunk, EngineTimes, KVSample, RunTrace, SequenceTrace
 from ..workload import Request, Workload
-from .base import Engine, EngineError, wait_for_turn
+from .base import Engine, EngineError, Schedule
 
 SAMPLER = "pytest_llmperf.engines.vllm_sampler.recording_scheduler"
 MIN_VERSION = (0, 10, 0)
@@ -428,8 +428,8 @@ class VLLMEngine(Engine):
         ids = self._request_ids(workload, run)
         prepared = [self._prepare(workload, i, salt, ids[i]) for i in range(len(workload.requests))]
         start = time.perf_counter()
-        slots = asyncio.Semaphore(workload.concurrency) if workload.concurrency else None
-        tasks = [asyncio.create_task(self._one(workload.requests[i], i, p, start, slots)) for i, p in enumerate(prepared)]
+        schedule = Schedule(workload, start)
+        tasks = [asyncio.create_task(self._one(workload.requests[i], i, p, schedule)) for i, p in enumerate(prepared)]
         results = await asyncio.gather(*tasks)
         return start, [s for seqs in results for s in seqs]
 
@@ -453,15 +453,15 @@ class VLLMEngine(Engine):
                                 RequestOutputKind.FINAL_ONLY)
         return _Prepared(TokensPrompt(prompt_token_ids=ids), params, request_id)
 
-    async def _one(self, req: Request, i: int, prepared: _Prepared, start: float,
-                   slots: asyncio.Semaphore | None) -> list[SequenceTrace]:
-        await wait_for_turn(req, start, slots)
+    async def _one(self, req: Request, i: int, prepared: _Prepared, schedule: Schedule) -> list[SequenceTrace]:
+        await schedule.wait(i)
         chunks: list[list[Chunk]] = [[] for _ in range(req.n)]
         submit = time.perf_counter()
         error = None
-        stats = None
+        stats = cached = None
         try:
             async for out in self._llm.generate(prepared.prompt, prepared.params, request_id=prepared.request_id):
+                cached = getattr(out, "num_cached_tokens", None)
                 if self._clock is None:
                     t = time.perf_counter()
                     for comp in out.outputs:
@@ -471,14 +471,13 @@ class VLLMEngine(Engine):
         except Exception as e:  # noqa: BLE001 - a failed request is counted and reported, not raised
             error = f"{type(e).__name__}: {e}"
         finally:
-            if slots is not None:
-                slots.release()
+            schedule.done(i)
         if self._clock is not None:
             chunks = self._clock.take(prepared.request_id, req.n)
         if error and "EngineDead" in error:
             self.alive = False
         engine_times = _engine_times(stats) if req.n == 1 else None
-        return [SequenceTrace(i, k, req.prompt_len, req.output_len, submit, tuple(c), error, engine_times)
+        return [SequenceTrace(i, k, req.prompt_len, req.output_len, submit, tuple(c), error, engine_times, cached)
                 for k, c in enumerate(chunks)]
 
     def _scheduler_class(self) -> str | None:
