@@ -2,6 +2,7 @@
 previous answer arrived plus its think time, and its history reaches vLLM's prefix cache."""
 
 import pytest
+from fake_openai_server import FakeServer
 
 from pytest_llmperf import Workload
 
@@ -40,6 +41,18 @@ def test_transformers_turns_wait_for_their_answers(hf_engine, llmperf):
     assert_turns_waited_for_their_answers(hf_engine.run(SESSIONS), SESSIONS)
     assert result.failed == 0 and [t.requests for t in result.by_turn] == [6, 6, 6]
     assert all(t.prefix_cached_share is None for t in result.by_turn)  # transformers keeps no prefix cache
+
+
+def test_the_http_client_sends_each_turn_after_its_answer(openai_engine_factory):
+    """FAKE server (plugin mechanics of the openai engine's schedule, not evidence about a server)."""
+    server = FakeServer({})
+    try:
+        engine = openai_engine_factory(base_url=server.base_url, vocab_size=1000, metrics_interval_s=0)
+        trace = engine.run(SESSIONS)
+    finally:
+        server.stop()
+    assert not trace.failed
+    assert_turns_waited_for_their_answers(trace, SESSIONS)
 
 
 def test_the_terminal_shows_each_turn(pytester):
