@@ -41,14 +41,19 @@ def _serve(port_out: multiprocessing.connection.Connection, stop: multiprocessin
 
 def _ours(base_url: str, rate: float, n: int, prompt_len: int, output_len: int) -> dict:
     from pytest_llmperf import Workload
+    from pytest_llmperf.engines.base import EngineError
     from pytest_llmperf.engines.openai import OpenAIEngine
     from pytest_llmperf.models import resolve_model
     from pytest_llmperf.validity import behind_schedule, schedule_lags
 
     engine = OpenAIEngine(resolve_model("shape:tiny-llama"), {"base_url": base_url, "metrics_interval_s": 0})
     workload = Workload.poisson(qps=rate, n=n, prompt_len=prompt_len, output_len=output_len, seed=1)
-    trace = engine.run(workload)
-    engine.shutdown()
+    try:
+        trace = engine.run(workload)
+    except EngineError as e:  # the fake server fell over (at 800/s here): its limit, reported as such
+        return {"client": "pytest-llmperf", "offered_rps": rate, "requests": n, "error": str(e)[:300]}
+    finally:
+        engine.shutdown()
     lags = np.array(schedule_lags(trace, workload)) * 1e3
     span = trace.end_t - trace.start_t
     chunks = sum(len(s.chunks) for s in trace.sequences)
