@@ -20,7 +20,7 @@ import numpy as np
 
 from . import stats
 from .paging_timeline import Timeline
-from .trace import GpuSample, KVSample, RunTrace, SequenceTrace
+from .trace import GpuSample, KVSample, RunTrace, SequenceTrace, ServerTimes
 
 PERCENTILES = (50, 90, 95, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
@@ -120,6 +120,27 @@ class SequenceMetrics:
     e2e: float | None
     itl: float | None  # the sequence's largest gap, so a worst-requests list can point at it
     cached_tokens: int | None = None  # prompt tokens served from the prefix cache, where the engine says
+    server_times: ServerTimes | None = None  # the engine's own timing of it, where it reports it
+
+
+@dataclass(frozen=True)
+class ServerLatency:
+    """The engine's own per-request timing (`ServerTimes`) over the result's sequences: queue wait, TTFT
+    from scheduling, decode time. Empty (count 0) where the engine reports none: `vllm serve` needs
+    `--enable-per-request-metrics`, vLLM in-process `disable_log_stats=False`."""
+
+    queue: LatencyStats = field(default_factory=LatencyStats)
+    ttft: LatencyStats = field(default_factory=LatencyStats)
+    generation: LatencyStats = field(default_factory=LatencyStats)
+
+    @classmethod
+    def of(cls, sequences: Sequence[SequenceMetrics]) -> ServerLatency:
+        told = [s.server_times for s in sequences if s.server_times is not None]
+
+        def stats(name: str) -> LatencyStats:
+            return LatencyStats.of([v for t in told if (v := getattr(t, name)) is not None])
+
+        return cls(stats("queue_ms"), stats("ttft_ms"), stats("generation_ms"))
 
 
 @dataclass(frozen=True)
@@ -167,6 +188,8 @@ class PerfResult:
     invalid: str = ""
     # a session workload's TTFT and prefix-cache hits turn by turn (`by_turn`); empty for other workloads
     by_turn: tuple[TurnStats, ...] = ()
+    # the engine's own timing of the same requests (queue, TTFT from scheduling, decode), where it says
+    server: ServerLatency = field(default_factory=ServerLatency)
 
     @property
     def error_rate(self) -> float:
@@ -233,14 +256,15 @@ def flat_metrics(r: PerfResult) -> dict[str, float | None]:
 # -- per trace -------------------------------------------------------------------------------------
 def sequence_metrics(s: SequenceTrace) -> SequenceMetrics:
     if not s.ok:
-        return SequenceMetrics(s.index, s.sample, s.prompt_len, s.output_len, None, None, None, None, s.cached_tokens)
+        return SequenceMetrics(s.index, s.sample, s.prompt_len, s.output_len, None, None, None, None, s.cached_tokens,
+                               s.server_times)
     ttft = (s.chunks[0].t - s.submit_t) * 1e3
     e2e = (s.chunks[-1].t - s.submit_t) * 1e3
     n = s.output_tokens
     tpot = (e2e - ttft) / (n - 1) if n > 1 else None
     gaps = itl_gaps_ms(s)
     return SequenceMetrics(s.index, s.sample, s.prompt_len, s.output_len, ttft, tpot, e2e, max(gaps) if gaps else None,
-                           s.cached_tokens)
+                           s.cached_tokens, s.server_times)
 
 
 def by_turn(sequences: Sequence[SequenceMetrics], turns: Sequence[int]) -> tuple[TurnStats, ...]:
@@ -420,7 +444,7 @@ def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, l
         latencies = _latencies(only.sequences, gaps_of[0])
         return replace(only, label=label, partial=partial, noise=stats.latency_noise(latencies, PERCENTILES, events),
                        samples=stats.independent_samples(latencies, events),
-                       by_turn=by_turn(only.sequences, turns) if turns else ())
+                       by_turn=by_turn(only.sequences, turns) if turns else (), server=ServerLatency.of(only.sequences))
     seqs = tuple(s for r in per_trace for s in r.sequences)
     gaps = [g for trace_gaps in gaps_of for g in trace_gaps]
     thr = [r.throughput for r in per_trace]
@@ -452,6 +476,7 @@ def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, l
         label=label,
         partial=partial,
         by_turn=by_turn(seqs, turns) if turns else (),
+        server=ServerLatency.of(seqs),
     )
 
 

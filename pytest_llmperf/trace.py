@@ -32,6 +32,18 @@ class EngineTimes:
 
 
 @dataclass(frozen=True)
+class ServerTimes:
+    """The engine's own timing of one request, in ms, as `vllm serve --enable-per-request-metrics` puts it
+    in the stream's last chunk (and as vLLM's in-process stats give it): waiting in the queue until
+    scheduled, scheduled to first token, first to last token. Beside the client's TTFT it splits what
+    the request spent in the server from what it spent getting there."""
+
+    queue_ms: float | None
+    ttft_ms: float | None
+    generation_ms: float | None
+
+
+@dataclass(frozen=True)
 class SequenceTrace:
     """One generated sequence: request `index` of the workload, sample `sample` of its `n`."""
 
@@ -45,6 +57,7 @@ class SequenceTrace:
     engine_times: EngineTimes | None = None  # where the engine records them (vLLM >= 0.11.1 with stats on)
     # prompt tokens the engine found in its prefix cache (vLLM's num_cached_tokens); None where not told
     cached_tokens: int | None = None
+    server_times: ServerTimes | None = None  # the engine's own timing, where it reports it
 
     @property
     def output_tokens(self) -> int:

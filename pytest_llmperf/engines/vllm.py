@@ -37,7 +37,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple
 
 from ..models import ModelSpec
-from ..trace import Chunk, EngineTimes, KVSample, RunTrace, SequenceTrace
+from ..trace import Chunk, EngineTimes, KVSample, RunTrace, SequenceTrace, ServerTimes
 from ..workload import Request, Workload
 from .base import Engine, EngineError, Schedule
 
@@ -95,6 +95,18 @@ def _engine_times(stats: Any) -> EngineTimes | None:
         return None
     ttft = getattr(stats, "first_token_latency", 0.0) or None
     return EngineTimes(arrival - (time.time() - time.perf_counter()), first, last, ttft)
+
+
+def _server_times(stats: Any) -> ServerTimes | None:
+    """vLLM's own split of a request's time, as `vllm serve --enable-per-request-metrics` computes it from
+    the same RequestStateStats (`build_per_request_timing_metrics`, vLLM 0.32): queued to scheduled,
+    scheduled to first token, first to last token, in ms."""
+    queued, scheduled = getattr(stats, "queued_ts", 0.0), getattr(stats, "scheduled_ts", 0.0)
+    first, last = getattr(stats, "first_token_ts", 0.0), getattr(stats, "last_token_ts", 0.0)
+    if not (scheduled and first):
+        return None
+    return ServerTimes((scheduled - queued) * 1e3 if queued else None, (first - scheduled) * 1e3,
+                       (last - first) * 1e3 if last else None)
 
 
 class TokenClock:
@@ -476,9 +488,9 @@ class VLLMEngine(Engine):
             chunks = self._clock.take(prepared.request_id, req.n)
         if error and "EngineDead" in error:
             self.alive = False
-        engine_times = _engine_times(stats) if req.n == 1 else None
-        return [SequenceTrace(i, k, req.prompt_len, req.output_len, submit, tuple(c), error, engine_times, cached)
-                for k, c in enumerate(chunks)]
+        engine_times, server_times = (_engine_times(stats), _server_times(stats)) if req.n == 1 else (None, None)
+        return [SequenceTrace(i, k, req.prompt_len, req.output_len, submit, tuple(c), error, engine_times, cached,
+                              server_times) for k, c in enumerate(chunks)]
 
     def _scheduler_class(self) -> str | None:
         """The vLLM scheduler class the recorder runs on (`AsyncScheduler` where async scheduling is on),
