@@ -241,7 +241,8 @@ class Workload:
             raise ValueError("a workload needs at least one request (got zero)")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"concurrency={self.concurrency!r} must be >= 1")
-        _check_sessions(self)
+        # each request's previous turn, found once: the schedule and token ids ask for it per request
+        object.__setattr__(self, "_previous", _previous_turns(self))
 
     # -- constructors -------------------------------------------------------------------------
     @classmethod
@@ -265,10 +266,7 @@ class Workload:
         if qps <= 0 or burstiness <= 0:
             raise ValueError(f"poisson needs qps > 0 and burstiness > 0, got qps={qps}, burstiness={burstiness}")
         prompts, outputs = _draw_lengths(n, prompt_len, output_len, seed)
-        rng = np.random.default_rng([seed, 2])
-        gaps = rng.gamma(shape=burstiness, scale=1.0 / (qps * burstiness), size=n)
-        gaps[0] = 0.0  # the first request opens the run
-        arrivals = np.round(np.cumsum(gaps), 6)
+        arrivals = _gamma_arrivals(qps, n, seed, burstiness)
         reqs = tuple(Request(p, o, arrival_s=float(a)) for p, o, a in zip(prompts, outputs, arrivals))
         return cls(reqs, seed=seed, kind="poisson")
 
@@ -318,7 +316,7 @@ class Workload:
         """`n_sessions` conversations of `turns` turns each: a turn's prompt is the conversation so far
         (earlier prompts and answers) plus a new message of `message_len` tokens, sent `think_s` after the
         previous answer arrived. Sessions start together, or open-loop at `qps` sessions per second
-        (exponential gaps). `system_prompt_len` > 0 opens every session with one shared system prompt.
+        (Poisson, as `poisson`). `system_prompt_len` > 0 opens every session with one shared system prompt.
         `PerfResult.by_turn` reports TTFT and prefix-cache hits turn by turn."""
         if n_sessions < 1 or turns < 1:
             raise ValueError(f"sessions needs n_sessions >= 1 and turns >= 1, got {n_sessions}, {turns}")
@@ -327,11 +325,7 @@ class Workload:
         if system_prompt_len < 0:
             raise ValueError(f"system_prompt_len={system_prompt_len!r} must be >= 0")
         messages, outputs = _draw_lengths(n_sessions * turns, message_len, output_len, seed)
-        starts = np.zeros(n_sessions)
-        if qps is not None:
-            gaps = np.random.default_rng([seed, 2]).exponential(1.0 / qps, size=n_sessions)
-            gaps[0] = 0.0
-            starts = np.round(np.cumsum(gaps), 6)
+        starts = np.zeros(n_sessions) if qps is None else _gamma_arrivals(qps, n_sessions, seed)
         reqs: list[Request] = []
         for k in range(n_sessions):
             history = system_prompt_len
@@ -388,11 +382,7 @@ class Workload:
 
     def previous_turn(self, index: int) -> int | None:
         """The index of the request whose answer request `index` waits for (its session's previous turn)."""
-        req = self.requests[index]
-        if req.session is None or req.turn == 0:
-            return None
-        return next(j for j in range(index - 1, -1, -1)
-                    if self.requests[j].session == req.session and self.requests[j].turn == req.turn - 1)
+        return self._previous[index]  # type: ignore[attr-defined]
 
     @property
     def max_total_len(self) -> int:
@@ -491,25 +481,40 @@ def _request_dict(r: Request) -> dict[str, Any]:
     return out
 
 
-def _check_sessions(w: Workload) -> None:
-    """Each session's turns come in order 0, 1, 2... in the request list, each longer than the previous
-    turn's prompt and answer; a closed loop does not take sessions (a turn waits for its own answer)."""
-    last: dict[int, int] = {}
+def _gamma_arrivals(qps: float, n: int, seed: int, burstiness: float = 1.0) -> np.ndarray:
+    """Open-loop arrival times: gamma inter-arrival gaps of mean 1/qps (burstiness 1.0 is Poisson), the
+    first at zero (it opens the run)."""
+    gaps = np.random.default_rng([seed, 2]).gamma(shape=burstiness, scale=1.0 / (qps * burstiness), size=n)
+    gaps[0] = 0.0
+    return np.round(np.cumsum(gaps), 6)
+
+
+def _previous_turns(w: Workload) -> tuple[int | None, ...]:
+    """Each request's previous turn in its session (None for turn 0 and requests of no session),
+    checking that each session's turns come in order 0, 1, 2... in the request list, each longer than
+    the previous turn's prompt and answer, and that a closed loop takes none (a turn waits for its own
+    answer)."""
+    last: dict[int, int] = {}  # session -> index of its latest turn so far
+    previous: list[int | None] = []
     for i, r in enumerate(w.requests):
         if r.session is None:
+            previous.append(None)
             continue
         if w.concurrency is not None:
             raise ValueError("a closed loop (concurrency) does not take sessions: their turns already wait for "
                              "each answer; start sessions at once or at a qps instead")
-        if r.turn != last.get(r.session, -1) + 1:
-            raise ValueError(f"request {i}: session {r.session} turn {r.turn} follows turn {last.get(r.session)}: "
+        earlier = last.get(r.session)
+        had = None if earlier is None else w.requests[earlier].turn
+        if r.turn != (-1 if had is None else had) + 1:
+            raise ValueError(f"request {i}: session {r.session} turn {r.turn} follows turn {had}: "
                              "give a session's turns in order 0, 1, 2, ...")
-        earlier = w.previous_turn(i)
         if earlier is not None and r.prompt_len <= w.requests[earlier].total_len:
             raise ValueError(f"request {i}: session {r.session} turn {r.turn} has prompt_len={r.prompt_len}, but its "
                              f"history alone (turn {r.turn - 1}'s prompt and answer) is {w.requests[earlier].total_len} "
                              "tokens: add its new message")
-        last[r.session] = r.turn
+        previous.append(earlier)
+        last[r.session] = i
+    return tuple(previous)
 
 
 def _block_tokens(req: Request, key: list[int], lo: int, hi: int) -> list[int]:

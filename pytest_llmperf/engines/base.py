@@ -31,6 +31,7 @@ class Schedule:
         self._slots = asyncio.Semaphore(workload.concurrency) if workload.concurrency else None
         self._holding: set[int] = set()
         self._answered: dict[int, asyncio.Future[float]] = {}
+        self._sessions = bool(workload.turns)  # only then does a request wait for another's answer
 
     def _answer(self, index: int) -> asyncio.Future[float]:
         if index not in self._answered:
@@ -53,9 +54,8 @@ class Schedule:
         if index in self._holding:
             self._holding.discard(index)
             self._slots.release()  # type: ignore[union-attr]
-        answer = self._answer(index)
-        if not answer.done():
-            answer.set_result(time.perf_counter())
+        if self._sessions and not self._answer(index).done():
+            self._answer(index).set_result(time.perf_counter())
 
 
 class EngineError(RuntimeError):
