@@ -17,7 +17,7 @@ fi
 start=$(date +%s)
 timeout "${BUDGET_S:-520}" python3 -m pytest -p pytest_llmperf.plugin -p no:cacheprovider perf_tests/test_latency.py perf_tests/test_paging.py \
   -m h200 --llmperf-model=shape:llama-3.1-8b --llmperf-baseline="$mode" \
-  --llmperf-tolerance=0.10,output_tokens_per_s=0.05 --llmperf-report="$OUT/$label" -q -rA "$@" > "$OUT/$label.log" 2>&1
+  --llmperf-tolerance=0.10,output_tokens_per_s=0.05 --llmperf-report="$OUT/$label" -v -rA "$@" > "$OUT/$label.log" 2>&1
 rc=$?
 rm -rf "$OUT/$label/plots"  # at most 8 files come back from the device: keep results.json and summary.md
 echo "$label: rc=$rc wall=$(( $(date +%s) - start ))s"
