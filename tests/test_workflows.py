@@ -14,13 +14,7 @@ from pytest_llmperf.baseline import path_for
 ROOT = Path(__file__).resolve().parents[1]
 # Baselines the gate suite still lacks on a class, each with why. The strict gate fails these tests on
 # that runner, saying how to record them; an entry must go once its file exists (the test checks both).
-NOT_YET_RECORDED = {
-    # not yet recorded on a lent H200: the update of 2026-12-03 (evening) found the transformers engine
-    # keeping its 17 GiB on the card after it stopped, so the fresh-start pass could not start vLLM (fixed
-    # and checked on the H200 the same evening, docs/gpu-validation.md); the recording itself, about 500 s
-    # of one device run, did not fit the device time left that day
-    "h200": {"perf_tests/test_paging.py::test_paged_kv_wastes_far_less_than_a_contiguous_cache"},
-}
+NOT_YET_RECORDED: dict[str, set[str]] = {}  # none: every gate-suite test has its baseline on every class
 
 
 def workflow(name):
