@@ -74,6 +74,8 @@ $(LLAMA_SERVER): | $(STAMP)
 
 test-servers: $(STAMP) $(LLAMA_SERVER)
 	LLMPERF_LLAMA_SERVER=$(abspath $(LLAMA_SERVER)) $(PY) -m pytest tests/test_llamacpp_server.py $(ARGS)
+	# vLLM beside llama.cpp on one workload, against its shipped CPU baseline, strictly as perf-gate
+	LLMPERF_LLAMA_SERVER=$(abspath $(LLAMA_SERVER)) $(PY) -m pytest perf_tests/test_servers.py $(PERF_GATE) $(ARGS)
 
 # Results and the commands behind them go to docs/performance.md. The NVML benchmark needs a GPU.
 bench: $(STAMP)
