@@ -1,6 +1,7 @@
 """vLLM beside llama.cpp's own `llama-server` on one workload: the framework comparison the project grew
 from, as a test. Both serve a model of the tiny shape's sizes with random weights (vLLM in-process,
-llama.cpp from a GGUF file written here); the test prints the table a comparison reads and checks that
+llama.cpp from a GGUF file written here; bfloat16 in vLLM's CPU build, f32 in the GGUF file, so the
+columns compare the two servers as set up here, not kernels); the test prints the table a comparison reads and checks that
 each engine served every request with the token counts asked for.
 
 `make test-servers` builds `llama-server` and runs this against its CPU baseline; without the binary
