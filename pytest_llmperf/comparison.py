@@ -3,26 +3,19 @@ TPOT medians and tails, KV use), one column per engine, from results measured on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from .formatting import cell
 from .metrics import PerfResult
 
-# (row name, how to read it from a result); None where the engine does not measure it: the table says "-"
-ROWS: tuple[tuple[str, Callable[[PerfResult], float | int | None]], ...] = (
-    ("output tokens/s", lambda r: r.throughput.output_tokens_per_s),
-    ("requests/s", lambda r: r.throughput.requests_per_s),
-    ("TTFT p50 ms", lambda r: r.ttft.p50),
-    ("TTFT p99 ms", lambda r: r.ttft.p99),
-    ("TPOT p50 ms", lambda r: r.tpot.p50),
-    ("TPOT p99 ms", lambda r: r.tpot.p99),
-    ("KV usage peak", lambda r: r.kv.usage_peak),
-    ("KV blocks peak", lambda r: r.kv.blocks_peak),
-    ("KV waste (fragmentation mean)", lambda r: r.kv.fragmentation_mean),
-    ("preemptions", lambda r: r.kv.preemptions),
-    ("prefix hit rate", lambda r: r.kv.prefix_hit_rate),
-    ("failed requests", lambda r: r.failed),
-)
+# (flat metric name, as `PerfResult.flat()` and results.json name it; row label). A figure the engine does
+# not measure is None there, and the table says "-"
+ROWS = (("output_tokens_per_s", "output tokens/s"), ("requests_per_s", "requests/s"),
+        ("p50_ttft_ms", "TTFT p50 ms"), ("p99_ttft_ms", "TTFT p99 ms"),
+        ("p50_tpot_ms", "TPOT p50 ms"), ("p99_tpot_ms", "TPOT p99 ms"),
+        ("kv_usage_peak", "KV usage peak"), ("kv_blocks_peak", "KV blocks peak"),
+        ("kv_fragmentation_mean", "KV waste (fragmentation mean)"), ("kv_preemptions", "preemptions"),
+        ("kv_prefix_hit_rate", "prefix hit rate"), ("failed", "failed requests"))
 
 
 def side_by_side(results: Mapping[str, PerfResult]) -> str:
@@ -30,8 +23,8 @@ def side_by_side(results: Mapping[str, PerfResult]) -> str:
     A figure an engine does not measure reads `-`, never 0."""
     if not results:
         raise ValueError("side_by_side needs at least one result: {label: PerfResult, ...}")
-    names = list(results)
-    lines = ["| figure | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
-    for row, read in ROWS:
-        lines.append(f"| {row} | " + " | ".join(cell(read(results[n])) for n in names) + " |")
+    figures = {name: {**r.flat(), "failed": r.failed} for name, r in results.items()}
+    lines = ["| figure | " + " | ".join(figures) + " |", "| --- |" + " --- |" * len(figures)]
+    for key, label in ROWS:
+        lines.append(f"| {label} | " + " | ".join(cell(f[key]) for f in figures.values()) + " |")
     return "\n".join(lines)

@@ -233,6 +233,8 @@ class Workload:
     kind: str = field(default="custom", compare=False)
     # where a replayed trace came from and how many of its requests were clipped or skipped to fit
     trace: TraceInfo | None = field(default=None, compare=False)
+    # each request's previous turn in its session (derived in __post_init__; previous_turn reads it)
+    _previous: tuple[int | None, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.requests, tuple):
@@ -382,7 +384,7 @@ class Workload:
 
     def previous_turn(self, index: int) -> int | None:
         """The index of the request whose answer request `index` waits for (its session's previous turn)."""
-        return self._previous[index]  # type: ignore[attr-defined]
+        return self._previous[index]
 
     @property
     def max_total_len(self) -> int:

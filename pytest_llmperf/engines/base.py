@@ -54,8 +54,8 @@ class Schedule:
         if index in self._holding:
             self._holding.discard(index)
             self._slots.release()  # type: ignore[union-attr]
-        if self._sessions and not self._answer(index).done():
-            self._answer(index).set_result(time.perf_counter())
+        if self._sessions and not (answer := self._answer(index)).done():
+            answer.set_result(time.perf_counter())
 
 
 class EngineError(RuntimeError):
