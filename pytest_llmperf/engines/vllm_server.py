@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,20 @@ from .base import EngineError, need
 from .vllm import CPU_ENV
 
 CPU_DEFAULTS = {"block_size": 32}
+# On a CPU build vLLM pins its worker's OpenMP threads to the cores it finds and keeps one more for the
+# engine core's busy loop ("auto"): on a small host nothing is left for the API server and the client
+# measuring it. Measured on 2 cores (docs/performance.md, "KV usage over HTTP on a short run"): the API
+# server then answered /metrics only between bursts of the engine's work, every chunk of a request
+# reached the client at one instant, and a 24-request Poisson run left KV usage unmeasured in 4 of 8 runs;
+# unpinned, the cores are shared and usage was measured in 8 of 8. The environment can still set it.
+SERVER_CPU_ENV = {**CPU_ENV, "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+def server_env(cpu: bool, environ: Mapping[str, str]) -> dict[str, str]:
+    """The server's environment: `environ` over the CPU build's defaults (`SERVER_CPU_ENV`), no usage stats."""
+    env = {**SERVER_CPU_ENV, **environ} if cpu else dict(environ)
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    return env
 
 
 def free_port() -> int:
@@ -65,10 +80,7 @@ class VLLMServer:
             args += ["--load-format", "dummy"]
             defaults["max_model_len"] = min(model.max_position_embeddings or 4096, 4096)
         args += flags({**defaults, **self._options})
-        env = dict(os.environ)
-        if cpu:
-            env = {**CPU_ENV, **env}
-        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        env = server_env(cpu, os.environ)
         self.command = args
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w")  # noqa: SIM115 - lives as long as the server
