@@ -46,6 +46,9 @@ VARIANTS = {  # one scheduler setting changed at a time
     "chunked_prefill_off": {"enable_chunked_prefill": False, "max_num_batched_tokens": 4096},
     "priority_policy": {"scheduling_policy": "priority"},
     "async_scheduling": {"async_scheduling": True},
+    # no compile, no CUDA graphs: the start is seconds; `compare` across two models (`--model`) then asks
+    # whether paging depends on the model's size at all under one KV budget and one set of limits
+    "eager": {"enforce_eager": True},
 }
 
 
