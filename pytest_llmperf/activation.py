@@ -38,6 +38,7 @@ def activate(config: pytest.Config, items: Sequence[pytest.Item] = ()) -> None:
         config.stash[_CLAIM_ERROR] = str(e)
         return
     state.pool.after_close = release_waiter(state.gpus)
+    state.pool.stop_in_background = not state.gpus  # no device memory for the next engine to wait for
     _stop_engines_on_sigterm(config)
 
 

@@ -2,6 +2,7 @@
 evidence that an engine adapter works; real engines are tested in test_vllm_engine.py and tests/gpu."""
 
 import gc
+import time
 
 from pytest_llmperf import Workload
 from pytest_llmperf.engines.base import Engine
@@ -45,3 +46,44 @@ class FakeWarmingEngine(Engine):
     @property
     def full_passes(self) -> int:
         return sum(p[0] == len(WORKLOAD) for p in self.passes)
+
+
+class EventLog(list):
+    """What FakeStoppingEngine instances did, in order; one repr, so that engine configurations holding
+    it keep one pool key however long it grows."""
+
+    def __repr__(self):
+        return "EventLog"
+
+
+class FakeStoppingEngine(Engine):
+    """A FAKE engine for plugin mechanics (the engine pool's starts and stops): it logs its start and its
+    stop to `config["log"]`. Its stop first waits up to `config["wait_s"]` for a later engine's start to
+    begin (so a test sees whether the two overlapped), and raises `config["stop_error"]` if given."""
+
+    name, version = "fake", "0"
+    max_model_len, vocab_size = 4096, 1000
+    model = None
+
+    def __init__(self, model, config):
+        self._config = config
+        self.log = config["log"]
+        self.log.append(f"start {config['id']}")
+        self._started_at = len(self.log)
+
+    @property
+    def config(self):
+        return {"id": self._config["id"]}
+
+    def run(self, workload, salt=0):
+        raise NotImplementedError("never measured: a pool test only starts and stops it")
+
+    def shutdown(self):
+        deadline = time.monotonic() + self._config.get("wait_s", 0.0)
+        while not (overlapped := any(e.startswith("start") for e in self.log[self._started_at:])):
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+        self.log.append(f"stop {self._config['id']}" + (" (beside a start)" if overlapped else ""))
+        if self._config.get("stop_error"):
+            raise self._config["stop_error"]

@@ -6,6 +6,7 @@ import asyncio
 import atexit
 import importlib
 import importlib.util
+import threading
 import time
 import weakref
 from abc import ABC, abstractmethod
@@ -153,20 +154,49 @@ def config_key(name: str, model: ModelSpec, config: dict[str, Any]) -> str:
     return repr((name, model.name, sorted(config.items(), key=lambda kv: kv[0])))
 
 
+class _Stop:
+    """One engine's shutdown in a thread of its own; `wait()` re-raises what it raised."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(engine,), name="llmperf-engine-stop")
+        self._thread.start()
+
+    def _run(self, engine: Engine) -> None:
+        try:
+            engine.shutdown()
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits for this stop
+            self._error = e
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
 class EnginePool:
-    """Engines cached by their full configuration, at most one alive at a time.
+    """Engines cached by their full configuration, at most one running at a time.
 
     Loading a model is the expensive part and a GPU holds one engine at a time, so asking for a
     different configuration shuts the live engine down (and frees its memory) before the next starts.
+    With `stop_in_background` (a machine without a GPU: nothing waits for device memory) the old engine's
+    stop, seconds of vLLM's worker exiting, runs beside the next engine's start instead, and is waited
+    for before the new engine measures anything.
     """
 
     def __init__(self, after_close: Callable[[], None] | None = None, times: PhaseTimes | None = None,
-                 engines: Mapping[str, str] = BUILTIN) -> None:
+                 engines: Mapping[str, str] = BUILTIN, stop_in_background: bool = False) -> None:
         self.engines = engines  # name -> "module:Class" (engines.registry)
         self._key: str | None = None
         self.times = times or PhaseTimes()
         self._engine: Engine | None = None
         self.after_close = after_close  # e.g. wait until the GPU shows the engine's memory freed
+        self.stop_in_background = stop_in_background
+        self._stopping: list[_Stop] = []
         self.starts = 0
         # how each engine this pool started was asked for, so a closed one can be started again
         self._made: weakref.WeakKeyDictionary[Engine, tuple[str, ModelSpec, dict[str, Any]]] = weakref.WeakKeyDictionary()
@@ -176,14 +206,39 @@ class EnginePool:
         key = config_key(name, model, config)
         if self._engine is not None and key == self._key and getattr(self._engine, "alive", True):
             return self._engine
-        self.close()
+        self._retire()
         cls = engine_class(name, self.engines)
-        with self.times.timed("engine start"):
-            self._engine = cls(model, dict(config))
+        try:
+            with self.times.timed("engine start"):
+                self._engine = cls(model, dict(config))
+        finally:
+            self._wait_for_stops()  # the engine before it is gone before this one measures anything
         self._key = key
         self.starts += 1
         self._made[self._engine] = (name, model, dict(config))
         return self._engine
+
+    def _retire(self) -> None:
+        """The live engine makes way for another: stopped now, or in the background (`stop_in_background`)."""
+        if not self.stop_in_background:
+            self.close()
+            return
+        engine, self._engine, self._key = self._engine, None, None
+        if engine is None:
+            return
+        self._stopping.append(_Stop(engine))
+
+    def _wait_for_stops(self) -> None:
+        if not self._stopping:
+            return
+        with self.times.timed("engine stop"):
+            while self._stopping:
+                stop = self._stopping[0]
+                try:
+                    stop.wait()
+                finally:  # a stop interrupted (Ctrl-C) stays listed, so that close() still waits for it
+                    if stop.done:
+                        self._stopping.remove(stop)
 
     def live(self, engine: Engine) -> Engine:
         """`engine` while it is the live one; else the same configuration started again (the pool
@@ -203,7 +258,7 @@ class EnginePool:
         if made is None:
             return engine
         if engine is self._engine:
-            self.close()
+            self._retire()
         return self.get(*made)
 
     def discard(self, engine: Engine) -> None:
@@ -212,9 +267,13 @@ class EnginePool:
             self.close()
 
     def close(self) -> None:
+        """Every engine of this pool stopped, the live one and any still stopping in the background."""
         engine, self._engine, self._key = self._engine, None, None
-        if engine is not None:
-            with self.times.timed("engine stop"):
-                engine.shutdown()
-                if self.after_close is not None and engine.holds_device:
-                    self.after_close()
+        try:
+            if engine is not None:
+                with self.times.timed("engine stop"):
+                    engine.shutdown()
+                    if self.after_close is not None and engine.holds_device:
+                        self.after_close()
+        finally:
+            self._wait_for_stops()
