@@ -6,11 +6,11 @@ import asyncio
 import atexit
 import importlib
 import importlib.util
-import threading
 import time
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..models import ModelSpec
@@ -154,30 +154,6 @@ def config_key(name: str, model: ModelSpec, config: dict[str, Any]) -> str:
     return repr((name, model.name, sorted(config.items(), key=lambda kv: kv[0])))
 
 
-class _Stop:
-    """One engine's shutdown in a thread of its own; `wait()` re-raises what it raised."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(engine,), name="llmperf-engine-stop")
-        self._thread.start()
-
-    def _run(self, engine: Engine) -> None:
-        try:
-            engine.shutdown()
-        except BaseException as e:  # noqa: BLE001 - handed to whoever waits for this stop
-            self._error = e
-
-    @property
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def wait(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
-
 class EnginePool:
     """Engines cached by their full configuration, at most one running at a time.
 
@@ -196,7 +172,9 @@ class EnginePool:
         self._engine: Engine | None = None
         self.after_close = after_close  # e.g. wait until the GPU shows the engine's memory freed
         self.stop_in_background = stop_in_background
-        self._stopping: list[_Stop] = []
+        # one thread, started on first use; Python joins it at exit, so a stop is never cut short
+        self._stopper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmperf-engine-stop")
+        self._stopping: list[Future[None]] = []
         self.starts = 0
         # how each engine this pool started was asked for, so a closed one can be started again
         self._made: weakref.WeakKeyDictionary[Engine, tuple[str, ModelSpec, dict[str, Any]]] = weakref.WeakKeyDictionary()
@@ -226,19 +204,15 @@ class EnginePool:
         engine, self._engine, self._key = self._engine, None, None
         if engine is None:
             return
-        self._stopping.append(_Stop(engine))
+        self._stopping.append(self._stopper.submit(engine.shutdown))
 
     def _wait_for_stops(self) -> None:
+        """Every background stop ended; the first that failed raises its error here."""
         if not self._stopping:
             return
         with self.times.timed("engine stop"):
             while self._stopping:
-                stop = self._stopping[0]
-                try:
-                    stop.wait()
-                finally:  # a stop interrupted (Ctrl-C) stays listed, so that close() still waits for it
-                    if stop.done:
-                        self._stopping.remove(stop)
+                self._stopping.pop(0).result()
 
     def live(self, engine: Engine) -> Engine:
         """`engine` while it is the live one; else the same configuration started again (the pool
