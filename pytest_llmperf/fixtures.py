@@ -14,7 +14,7 @@ from . import engine_limits, properties
 from .engines.base import Engine
 from .gpu import GpuInfo
 from .runner import LLMPerf
-from .session import LIMITS, PERF, SESSION, Session, engine_options
+from .session import LIMITS, PERF, SESSION, Session, engine_options, model_option
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +47,7 @@ def llmperf(request: pytest.FixtureRequest, llmperf_session: Session) -> LLMPerf
 def _engine_fixture(name: str | None) -> Callable[..., Iterator[Engine]]:
     def fixture(request: pytest.FixtureRequest, llmperf_session: Session) -> Iterator[Engine]:
         engine_name = name or llmperf_session.engine_name
-        engine = llmperf_session.engine(engine_name, engine_options(request.node))
+        engine = llmperf_session.engine(engine_name, engine_options(request.node), model_option(request.node))
         # Hypothesis strategies drawn in this test size requests to this engine
         with engine_limits.published(engine.max_model_len, engine.config.get("block_size")):
             yield engine
@@ -59,9 +59,11 @@ llm_engine = pytest.fixture(_engine_fixture(None), name="llm_engine")
 
 
 def _factory_fixture(name: str) -> Callable[..., Callable[..., Engine]]:
-    def fixture(llmperf_session: Session) -> Callable[..., Engine]:
+    def fixture(request: pytest.FixtureRequest, llmperf_session: Session) -> Callable[..., Engine]:
+        model = model_option(request.node)
+
         def make(**config: Any) -> Engine:
-            return llmperf_session.engine(name, config)
+            return llmperf_session.engine(name, config, model)
 
         return make
 

@@ -61,17 +61,22 @@ def _curve_hash(sweep: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def environment(perf: LLMPerf, hardware: str, gpu: Any) -> dict[str, Any]:
+def environment(perf: LLMPerf, hardware: str, gpu: Any, model: str | None = None) -> dict[str, Any]:
     """What the test ran on, from its runs: the engine, its version and configuration when every run used
     one engine, else `engines` with each result's (a test that compared transformers with vLLM), and the
-    hardware."""
-    per_label = {label_of(run.result, i): run.environment() for i, run in enumerate(perf.runs)}
+    hardware. An engine's model is named only where it is not the session's `model` (a test that pinned
+    its own with `llmperf_engine(model=...)`)."""
+    per_label = {label_of(run.result, i): _without_model(run.environment(), model) for i, run in enumerate(perf.runs)}
     distinct = list({repr(e): e for e in per_label.values()}.values())
     env: dict[str, Any] = dict(distinct[0]) if len(distinct) == 1 else {"engines": per_label}
     env["hardware"] = hardware
     if gpu is not None:
         env.update(gpu_name=gpu.name, driver=gpu.driver, cuda=gpu.cuda)
     return env
+
+
+def _without_model(env: dict[str, Any], model: str | None) -> dict[str, Any]:
+    return {k: v for k, v in env.items() if not (k == "model" and v in (model, None))}
 
 
 def tolerances(marks: list[Mapping[str, Any]]) -> dict[str, float]:

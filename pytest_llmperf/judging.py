@@ -23,7 +23,7 @@ from .paging_timeline import Timeline, divergence_step
 from .report import HEADLINE, TestRecord, result_record
 from .runner import LLMPerf
 from .selection import uses_plugin
-from .session import LIMITS, SESSION, Session, engine_options
+from .session import LIMITS, SESSION, Session, engine_options, model_option
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ def check_inputs(item: pytest.Item) -> None:
     try:
         item.stash[LIMITS] = limits(item)
         engine_options(item)
+        model_option(item)
         activation.check_gpus(item)
         _check_baseline_file(item)
     except (MarkerError, gating.BaselineError) as e:
@@ -131,7 +132,7 @@ def _gate(test_id: str, perf: LLMPerf, state: Session, tolerance_marks: list[dic
     """Baseline comparison (or update) of a test whose limits held."""
     try:
         tol = gating.tolerances(tolerance_marks)
-        env = gating.environment(perf, state.hardware, state.gpu)
+        env = gating.environment(perf, state.hardware, state.gpu, state.model_spec)
         verdict = gating.gate(test_id, perf, state.gate, env, tol)
     except gating.BaselineError as e:
         return Judgement(f"llmperf: {test_id}: {e}", "error")
@@ -156,7 +157,7 @@ def record(item: pytest.Item, perf: LLMPerf, outcome: str, judgement: Judgement)
     rec = TestRecord(item.nodeid, "invalid" if judgement.kind == "invalid" else outcome,
                      verdict.status if verdict is not None else "-", rows,
                      dict(verdict.uncompared) if verdict is not None else {}, results,
-                     gating.environment(perf, state.hardware, state.gpu), [s.summary() for s in perf.sweeps])
+                     gating.environment(perf, state.hardware, state.gpu, state.model_spec), [s.summary() for s in perf.sweeps])
     rec.limits = assertions.margins(item.stash.get(LIMITS, []), [r for r in perf.results if r.label not in perf.sweep_labels])
     notes: list[tuple[str, str]] = []
     if state.report_dir is not None:

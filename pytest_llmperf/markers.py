@@ -1,5 +1,5 @@
 """Every marker the plugin registers, in one place: the limit markers (defined with their checks in
-`assertions`), `llmperf_engine`, `llmperf_tolerance` and the hardware classes. `pytest --markers` is
+`assertions`), `llmperf_engine`, `llmperf_model`, `llmperf_tolerance` and the hardware classes. `pytest --markers` is
 generated from this catalogue, and "does this test use the plugin" asks it."""
 
 from __future__ import annotations
@@ -8,11 +8,15 @@ from . import assertions
 from .gpu import KNOWN_CLASSES
 
 ENGINE = "llmperf_engine"
+MODEL = "llmperf_model"
 TOLERANCE = "llmperf_tolerance"
 
 _OWN = {
     ENGINE: f"{ENGINE}(**options): llmperf: engine options for this test or module, passed to the engine "
             "unchanged (e.g. block_size=32, max_num_seqs=64); engines are cached per distinct option set.",
+    MODEL: f"{MODEL}(model): llmperf: every engine of this test or module loads `model` (as --llmperf-model "
+           "takes it, e.g. \"shape:tiny-llama\") instead of the session's; its baseline stays in the session "
+           "model's folder and records the model.",
     TOLERANCE: f"{TOLERANCE}(**metric_fractions): llmperf: relative tolerance per metric against the stored "
                "baseline, e.g. p99_ttft_ms=0.15 (also ttft_p99=0.15); paging metrics given here stop comparing exactly.",
 }

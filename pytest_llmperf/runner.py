@@ -53,6 +53,7 @@ class Run:
     def environment(self) -> dict[str, Any]:
         """What ran: the engine, its version and its configuration as the engine reports them."""
         return {"engine": self.engine.name, "engine_version": self.engine.version,
+                "model": getattr(getattr(self.engine, "model", None), "name", None),
                 "engine_config": dict(self.engine.config)}
 
 

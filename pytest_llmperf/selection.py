@@ -11,7 +11,7 @@ from . import markers, properties
 from .assertions import MarkerError
 from .engines import registry
 from .gpu import KNOWN_CLASSES
-from .session import SESSION, engine_options
+from .session import SESSION, engine_options, model_option
 
 CARRIED = pytest.StashKey[dict[str, int]]()  # hardware class -> how many collected tests carry it
 
@@ -64,6 +64,6 @@ def empty_selection_line(config: pytest.Config, items: list[pytest.Item]) -> str
 def engine_group(item: pytest.Item) -> str:
     """Sort key: tests that share an engine configuration run together, so each engine starts once."""
     try:
-        return repr(sorted(engine_options(item).items()))
+        return repr((sorted(engine_options(item).items()), model_option(item) or ""))
     except MarkerError:
         return ""  # reported at setup, with the test's name

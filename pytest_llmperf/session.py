@@ -75,16 +75,18 @@ class Session:
                 "warmup": self.warmup, "engine_config": self.engine_defaults,
                 "time_to_verdict_s": {**self.pool.times.summary(), "engine_starts": self.pool.starts}}
 
-    def model(self) -> ModelSpec:
-        if self.model_spec not in self.models:
-            self.models[self.model_spec] = resolve_model(self.model_spec)
-        return self.models[self.model_spec]
+    def model(self, spec: str | None = None) -> ModelSpec:
+        """The session's model (`--llmperf-model`), or `spec` (a test's `llmperf_model`), resolved once."""
+        spec = spec or self.model_spec
+        if spec not in self.models:
+            self.models[spec] = resolve_model(spec)
+        return self.models[spec]
 
-    def engine(self, name: str, config: dict[str, Any]) -> Engine:
+    def engine(self, name: str, config: dict[str, Any], model: str | None = None) -> Engine:
         # CLI/ini engine options are written for the session's engine; another engine (hf beside vLLM
         # in a comparison test) would reject them
         defaults = self.engine_defaults if name == self.engine_name else {}
-        return self.pool.get(name, self.model(), {**self.engine_settings.get(name, {}), **defaults, **config})
+        return self.pool.get(name, self.model(model), {**self.engine_settings.get(name, {}), **defaults, **config})
 
 
 SESSION = pytest.StashKey[Session]()
@@ -96,6 +98,18 @@ def hardware_class(config: pytest.Config) -> str:
     """The class this session judges the machine as (detected, or --llmperf-hardware): for a conftest
     that parametrizes by hardware, so that test ids match that class's baselines."""
     return config.stash[SESSION].hardware
+
+
+def model_option(item: pytest.Item) -> str | None:
+    """The model a test's engines load instead of the session's (`@pytest.mark.llmperf_model`, the test's
+    own over its module's), or None."""
+    mark = item.get_closest_marker(markers.MODEL)
+    if mark is None:
+        return None
+    if len(mark.args) != 1 or mark.kwargs or not isinstance(mark.args[0], str) or not mark.args[0]:
+        raise MarkerError(f"@pytest.mark.{markers.MODEL} takes one model as --llmperf-model takes it, e.g. "
+                          f"@pytest.mark.{markers.MODEL}(\"shape:tiny-llama\"); got args={mark.args!r} kwargs={mark.kwargs!r}")
+    return mark.args[0]
 
 
 def engine_options(item: pytest.Item) -> dict[str, Any]:

@@ -15,7 +15,8 @@ if [ -f .vllm-cache/cache.tgz ] && [ ! -f "$VLLM_CACHE_ROOT/.unpacked" ]; then
   tar -xzf .vllm-cache/cache.tgz -C "$VLLM_CACHE_ROOT" && touch "$VLLM_CACHE_ROOT/.unpacked"
 fi
 start=$(date +%s)
-timeout "${BUDGET_S:-520}" python3 -m pytest -p pytest_llmperf.plugin -p no:cacheprovider perf_tests/test_latency.py perf_tests/test_paging.py \
+# GATE_TESTS: the perf-gate workflow's PERF_TESTS unless given
+timeout "${BUDGET_S:-520}" python3 -m pytest -p pytest_llmperf.plugin -p no:cacheprovider ${GATE_TESTS:-perf_tests/test_latency.py perf_tests/test_paging.py} \
   -m h200 --llmperf-model=shape:llama-3.1-8b --llmperf-baseline="$mode" \
   --llmperf-tolerance=0.10,output_tokens_per_s=0.05 --llmperf-report="$OUT/$label" -v -rA "$@" > "$OUT/$label.log" 2>&1
 rc=$?

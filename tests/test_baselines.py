@@ -188,6 +188,40 @@ def test_the_gate_end_to_end(pytester):
     assert "no-baseline" in foreign.stdout.str()
 
 
+PINNED = """
+import pytest
+from pytest_llmperf import Workload
+
+W = Workload.offline(6, prompt_len=(16, 64), output_len=(4, 16), seed=1)
+
+@pytest.mark.llmperf_model("shape:tiny-llama")
+@pytest.mark.llmperf_tolerance(output_tokens_per_s=0.9, p50_ttft_ms=9.0, p50_tpot_ms=9.0)
+def test_pinned(hf_engine, hf_engine_factory, llmperf):
+    llmperf.run(hf_engine, W, label="fixture")
+    other = hf_engine_factory(max_batch_size=2)
+    llmperf.run(other, W, label="factory")
+    assert {hf_engine.model.name, other.model.name} == {"shape:tiny-llama"}
+"""
+
+
+def test_a_test_pinned_to_a_model_of_its_own_keeps_its_baseline_in_the_sessions_folder_and_names_the_model(pytester):
+    """`llmperf_model` gives every engine of the test (fixture and factory) that model, whatever
+    --llmperf-model says; the baseline stays in the session model's folder (the suite is judged as one)
+    and its environment names the pinned model, so a failure says it. The session's own model (a 1B shape
+    here) is never loaded: no test asks for it."""
+    pytester.makepyfile(test_pin=PINNED)
+    args = ["--llmperf-engine=hf", "--llmperf-model=shape:llama-3.2-1b", "-p", "no:randomly"]
+    pytester.runpytest_inprocess(*args, "--llmperf-baseline=update").assert_outcomes(passed=1)
+    files = list((pytester.path / "baselines").rglob("*.json"))
+    assert len(files) == 1 and files[0].parts[-3:-1] == ("cpu", "shape_llama-3.2-1b")
+    doc = json.loads(files[0].read_text())
+    assert doc["model"] == "shape:llama-3.2-1b"
+    assert {e["model"] for e in doc["environment"]["engines"].values()} == {"shape:tiny-llama"}
+    again = pytester.runpytest_inprocess(*args, "--llmperf-baseline=require")
+    again.assert_outcomes(passed=1)
+    assert "engines started: 2" in again.stdout.str()
+
+
 def _hammer(path, value, rounds):
     for i in range(rounds):
         baseline.write(path, stored(entry([{"p99_ttft_ms": float(value), "kv_blocks_peak": i}])))
