@@ -69,7 +69,8 @@ def judge_pair(base: Path, cur: Path, tolerance: float, tolerances: dict[str, fl
             continue
         compared += 1
         first = [Entry.from_dict(r) for r in test["results"]]
-        verdict = bl.compare(stored, first, tolerances, tolerance)
+        gated = frozenset(test["gated"]) if test.get("gated") is not None else None  # the test's llmperf_gate
+        verdict = bl.compare(stored, first, tolerances, tolerance, gated=gated)
         if verdict.status != "regression":
             continue
         suspected += 1
@@ -77,7 +78,7 @@ def judge_pair(base: Path, cur: Path, tolerance: float, tolerances: dict[str, fl
             again = bl.load(bl.path_for(best_dir, test_id, session["hardware"], session["model"]))
             if again is not None:  # the best of this run's passes, as its own update recorded them
                 best = {e["label"]: Entry.from_dict(e) for e in again["entries"]}
-                verdict = bl.compare(stored, [best.get(e.label, e) for e in first], tolerances, tolerance)
+                verdict = bl.compare(stored, [best.get(e.label, e) for e in first], tolerances, tolerance, gated=gated)
         if verdict.status == "regression":
             failed.append(test_id)
             metrics.update(f"{r.metric} ({r.label})" for r in verdict.regressions)

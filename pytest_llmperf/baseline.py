@@ -46,6 +46,25 @@ GATED_BY_DEFAULT = frozenset({"p50_ttft_ms", "p50_tpot_ms", "output_tokens_per_s
                               "gpu_memory_peak_gib", "capacity"}) | PAGING
 
 TIMELINE = "kv_timeline"  # the row of a deterministic result whose step timeline moved (its steps, old and new)
+# what `@pytest.mark.llmperf_gate(...)` may name besides single metrics
+GATE_GROUPS: dict[str, frozenset[str]] = {"paging": PAGING | {TIMELINE}, "memory": frozenset({"gpu_memory_peak_gib"}),
+                                          "timing": TIMING, "capacity": frozenset({"capacity"})}
+
+
+def gated_metrics(names: Sequence[str]) -> frozenset[str]:
+    """The metrics `llmperf_gate(*names)` gates: groups expanded, metric names (either spelling) as given."""
+    out: set[str] = set()
+    for name in names:
+        if not isinstance(name, str):
+            raise ValueError(f"{name!r} is not a metric or group name")
+        if name in GATE_GROUPS:
+            out |= GATE_GROUPS[name]
+        elif metric_name(name) in COMPARED or name == TIMELINE:
+            out.add(metric_name(name))
+        else:
+            raise ValueError(f"unknown metric or group {name!r}; groups: {', '.join(GATE_GROUPS)}; "
+                             f"metrics: {', '.join(COMPARED)}")
+    return frozenset(out)
 PAGING_MODES = ("strict", "summary")  # --llmperf-paging: does a moved timeline fail, or only the summaries
 
 # how one label of a test stands against the stored baseline
@@ -289,9 +308,11 @@ def _round(value: Any) -> Any:
 
 # -- comparison ------------------------------------------------------------------------------------
 def compare(stored: Mapping[str, Any], current: Sequence[Entry], tolerances: Mapping[str, float] | None = None,
-            default_tolerance: float = DEFAULT_TOLERANCE, paging: str = "strict") -> Verdict:
+            default_tolerance: float = DEFAULT_TOLERANCE, paging: str = "strict",
+            gated: frozenset[str] | None = None) -> Verdict:
     """Every label on its own: compared when the baseline holds it for the same engine and workload,
-    else named as missing, stale or of another engine, while the other labels are still judged."""
+    else named as missing, stale or of another engine, while the other labels are still judged. `gated`
+    (a test's `llmperf_gate`) replaces the default choice of what fails: the rest is reported."""
     tolerances = tolerances or {}
     by_label = {e["label"]: Entry.from_dict(e) for e in stored["entries"]}
     rows: list[Row] = []
@@ -302,7 +323,7 @@ def compare(stored: Mapping[str, Any], current: Sequence[Entry], tolerances: Map
         standing, note = _standing(old, cur)
         labels[cur.label] = standing
         if standing == COMPARED_LABEL:
-            rows.extend(_compare_entry(old, cur, tolerances, default_tolerance, paging))  # type: ignore[arg-type]
+            rows.extend(_compare_entry(old, cur, tolerances, default_tolerance, paging, gated))  # type: ignore[arg-type]
         else:
             notes.append(note)
     if any(r.verdict in FAILING for r in rows):
@@ -331,7 +352,7 @@ def _standing(old: Entry | None, cur: Entry) -> tuple[str, str]:
 
 
 def _compare_entry(old: Entry, cur: Entry, tolerances: Mapping[str, float], default: float,
-                   paging: str = "strict") -> list[Row]:
+                   paging: str = "strict", gated: frozenset[str] | None = None) -> list[Row]:
     rows = []
     deterministic = old.deterministic and cur.deterministic
     for metric, higher_better in COMPARED.items():
@@ -339,9 +360,9 @@ def _compare_entry(old: Entry, cur: Entry, tolerances: Mapping[str, float], defa
         if b is None or c is None:
             continue
         b, c = _round(b), _round(c)  # both as stored, so an unchanged run compares equal
-        rows.append(_row(old, cur, metric, b, c, higher_better, deterministic, tolerances, default))
+        rows.append(_row(old, cur, metric, b, c, higher_better, deterministic, tolerances, default, gated))
     if deterministic:
-        rows.extend(_timeline_rows(old, cur, paging))
+        rows.extend(_timeline_rows(old, cur, paging if gated is None or TIMELINE in gated else "summary"))
     return rows
 
 
@@ -358,7 +379,7 @@ def _timeline_rows(old: Entry, cur: Entry, paging: str) -> list[Row]:
 
 
 def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better: bool, deterministic: bool,
-         tolerances: Mapping[str, float], default: float) -> Row:
+         tolerances: Mapping[str, float], default: float, gated: frozenset[str] | None = None) -> Row:
     asked = metric in tolerances
     gated_paging = metric in PAGING and not asked
     exact = gated_paging and deterministic
@@ -375,7 +396,9 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
     def row(verdict: str, reason: str = "") -> Row:
         return Row(cur.label, metric, b, c, tol, verdict, reason, exact, cur.passes)
 
-    if (metric not in GATED_BY_DEFAULT and not asked) or (gated_paging and not deterministic):
+    # a test's llmperf_gate says exactly what gates; without one, the defaults and what a tolerance names
+    chosen = (metric in GATED_BY_DEFAULT or asked) if gated is None else metric in gated
+    if not chosen or (gated_paging and not deterministic):
         # timed arrivals (or a pool sized by the machine's memory) make paging vary run to run: an
         # unchanged H200 rerun moved fragmentation max by 16%. Shown; gated only where a test asks.
         return row("reported")
@@ -450,7 +473,9 @@ def compare_results(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: f
             out.append(f"{test['test']}: new test, nothing to compare")
             continue
         stored = {"entries": prior["results"], "environment": prior.get("environment")}
-        verdict = compare(stored, [Entry.from_dict(r) for r in test["results"]], tolerances, tolerance)
+        gated = test.get("gated")  # the test's llmperf_gate, as results.json records it
+        verdict = compare(stored, [Entry.from_dict(r) for r in test["results"]], tolerances, tolerance,
+                          gated=frozenset(gated) if gated is not None else None)
         regressed |= verdict.status == "regression"
         out.append(f"{test['test']}: {verdict.status}{' - ' + verdict.message if verdict.message else ''}")
         if any(_shown(r) for r in verdict.rows):

@@ -75,6 +75,20 @@ def environment(perf: LLMPerf, hardware: str, gpu: Any, model: str | None = None
     return env
 
 
+def gated(marks: list[tuple[Any, ...]]) -> frozenset[str] | None:
+    """`@pytest.mark.llmperf_gate("paging", "memory")`: the metrics the test's baseline comparison gates
+    (the closest marker's), or None for the default."""
+    if not marks:
+        return None
+    if not marks[0]:
+        raise BaselineError(f"@pytest.mark.{markers.GATE}() names nothing: give groups "
+                            f"({', '.join(baseline.GATE_GROUPS)}) or metric names, e.g. {markers.GATE}(\"paging\", \"memory\")")
+    try:
+        return baseline.gated_metrics(marks[0])
+    except ValueError as e:
+        raise BaselineError(f"@pytest.mark.{markers.GATE}: {e}") from e
+
+
 def _without_model(env: dict[str, Any], model: str | None) -> dict[str, Any]:
     return {k: v for k, v in env.items() if not (k == "model" and v in (model, None))}
 
@@ -95,8 +109,9 @@ def tolerances(marks: list[Mapping[str, Any]]) -> dict[str, float]:
 
 
 def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
-         tol: Mapping[str, float]) -> Verdict | None:
-    """Compare with (or write) this test's baseline. None when off; BaselineError for a bad file."""
+         tol: Mapping[str, float], gated: frozenset[str] | None = None) -> Verdict | None:
+    """Compare with (or write) this test's baseline (`gated`: what its llmperf_gate marker gates, None for
+    the default). None when off; BaselineError for a bad file."""
     if cfg.mode == "off" or not perf.results:
         return None
     path = baseline.path_for(cfg.root, test_id, cfg.hardware, cfg.model)
@@ -122,7 +137,7 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
         return Verdict(baseline.NO_BASELINE, message=_missing(cfg, path),
                        labels={e.label: baseline.NO_BASELINE for e in current})
     return remeasure.judged_against_baseline(stored, perf, current, {**cfg.tolerances, **tol}, cfg.tolerance,
-                                             cfg.retries, cfg.paging)
+                                             cfg.retries, cfg.paging, gated)
 
 
 def _recorded(perf: LLMPerf, current: Sequence[Entry], retries: int) -> list[Entry]:

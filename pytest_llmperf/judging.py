@@ -46,6 +46,7 @@ def check_inputs(item: pytest.Item) -> None:
         item.stash[LIMITS] = limits(item)
         engine_options(item)
         model_option(item)
+        gate_of(item)
         activation.check_gpus(item)
         _check_baseline_file(item)
     except (MarkerError, gating.BaselineError) as e:
@@ -77,8 +78,13 @@ def judge(item: pytest.Item, perf: LLMPerf | None) -> Judgement:
     if failure is not None or perf is None or not perf.results:
         return Judgement(failure, kind, None, notes)
     tolerance_marks = [m.kwargs for m in reversed(list(item.iter_markers(markers.TOLERANCE)))]
-    gated = _gate(item.nodeid, perf, state, tolerance_marks)
+    gated = _gate(item.nodeid, perf, state, tolerance_marks, gate_of(item))
     return Judgement(gated.failure, gated.kind, gated.verdict, notes + gated.notes)
+
+
+def gate_of(item: pytest.Item) -> frozenset[str] | None:
+    """What the test's `llmperf_gate` marker (its own over its module's) gates, or None for the default."""
+    return gating.gated([m.args for m in item.iter_markers(markers.GATE)])
 
 
 def _invalid(test_id: str, perf: LLMPerf | None) -> str:
@@ -128,12 +134,13 @@ def _limits_verdict(test_id: str, limits: list[Limit], perf: LLMPerf | None,
     return text, "perf", ()
 
 
-def _gate(test_id: str, perf: LLMPerf, state: Session, tolerance_marks: list[dict[str, Any]]) -> Judgement:
+def _gate(test_id: str, perf: LLMPerf, state: Session, tolerance_marks: list[dict[str, Any]],
+          gated: frozenset[str] | None) -> Judgement:
     """Baseline comparison (or update) of a test whose limits held."""
     try:
         tol = gating.tolerances(tolerance_marks)
         env = gating.environment(perf, state.hardware, state.gpu, state.model_spec)
-        verdict = gating.gate(test_id, perf, state.gate, env, tol)
+        verdict = gating.gate(test_id, perf, state.gate, env, tol, gated)
     except gating.BaselineError as e:
         return Judgement(f"llmperf: {test_id}: {e}", "error")
     if verdict is not None and verdict.status == "regression":
@@ -158,6 +165,8 @@ def record(item: pytest.Item, perf: LLMPerf, outcome: str, judgement: Judgement)
                      verdict.status if verdict is not None else "-", rows,
                      dict(verdict.uncompared) if verdict is not None else {}, results,
                      gating.environment(perf, state.hardware, state.gpu, state.model_spec), [s.summary() for s in perf.sweeps])
+    gated = gate_of(item)
+    rec.gated = sorted(gated) if gated is not None else None
     rec.limits = assertions.margins(item.stash.get(LIMITS, []), [r for r in perf.results if r.label not in perf.sweep_labels])
     notes: list[tuple[str, str]] = []
     if state.report_dir is not None:

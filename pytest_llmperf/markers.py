@@ -1,6 +1,6 @@
 """Every marker the plugin registers, in one place: the limit markers (defined with their checks in
-`assertions`), `llmperf_engine`, `llmperf_model`, `llmperf_tolerance` and the hardware classes. `pytest --markers` is
-generated from this catalogue, and "does this test use the plugin" asks it."""
+`assertions`), `llmperf_engine`, `llmperf_model`, `llmperf_gate`, `llmperf_tolerance` and the hardware
+classes. `pytest --markers` is generated from this catalogue, and "does this test use the plugin" asks it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from .gpu import KNOWN_CLASSES
 
 ENGINE = "llmperf_engine"
 MODEL = "llmperf_model"
+GATE = "llmperf_gate"
 TOLERANCE = "llmperf_tolerance"
 
 _OWN = {
@@ -17,6 +18,9 @@ _OWN = {
     MODEL: f"{MODEL}(model): llmperf: every engine of this test or module loads `model` (as --llmperf-model "
            "takes it, e.g. \"shape:tiny-llama\") instead of the session's; its baseline stays in the session "
            "model's folder and records the model.",
+    GATE: f"{GATE}(*metrics): llmperf: what this test's baseline comparison gates, instead of the default "
+          "(throughput, TTFT and TPOT medians, memory, capacity, paging): groups paging, memory, timing, capacity "
+          "or metric names, e.g. llmperf_gate(\"paging\", \"memory\"); the rest is reported.",
     TOLERANCE: f"{TOLERANCE}(**metric_fractions): llmperf: relative tolerance per metric against the stored "
                "baseline, e.g. p99_ttft_ms=0.15 (also ttft_p99=0.15); paging metrics given here stop comparing exactly.",
 }

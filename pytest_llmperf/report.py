@@ -37,6 +37,7 @@ class TestRecord:
     sweeps: list[dict[str, Any]] = field(default_factory=list)
     plots: list[str] = field(default_factory=list)  # PNG paths, relative to the report folder
     limits: list[dict[str, Any]] = field(default_factory=list)  # each limit's value and margin (assertions.margins)
+    gated: list[str] | None = None  # what the test's llmperf_gate marker gates; None: the default
 
 
 def result_record(entry: Entry, summary: Mapping[str, Any], workload: Mapping[str, Any]) -> dict[str, Any]:

@@ -33,6 +33,27 @@ def test_paging_metrics_compare_exactly_and_name_the_change():
     assert timed.status == "pass"
 
 
+def test_a_tests_gate_replaces_the_default_choice_of_what_fails():
+    """`llmperf_gate("paging", "memory")`: timing is reported however far it moves (even where the command
+    line names a tolerance for it), paging still compares exactly; naming a tail opts it in."""
+    old = entry([{"kv_blocks_peak": 412, "output_tokens_per_s": 100.0, "p50_ttft_ms": 50.0, "p99_ttft_ms": 80.0}])
+    slow = entry([{"kv_blocks_peak": 412, "output_tokens_per_s": 50.0, "p50_ttft_ms": 100.0, "p99_ttft_ms": 80.0}])
+    paging_and_memory = baseline.gated_metrics(["paging", "memory"])
+    assert baseline.compare(stored(old), [slow]).status == "regression"  # the default gates throughput
+    quiet = baseline.compare(stored(old), [slow], {"output_tokens_per_s": 0.05}, gated=paging_and_memory)
+    assert quiet.status == "pass"
+    assert {r.metric: r.verdict for r in quiet.rows}["output_tokens_per_s"] == "reported"
+    moved = entry([{"kv_blocks_peak": 413, "output_tokens_per_s": 100.0, "p50_ttft_ms": 50.0, "p99_ttft_ms": 80.0}])
+    paged = baseline.compare(stored(old), [moved], gated=paging_and_memory)
+    assert paged.status == "regression" and paged.regressions[0].reason == "paging changed: kv_blocks_peak 412 -> 413"
+    tail = entry([{"kv_blocks_peak": 412, "output_tokens_per_s": 100.0, "p50_ttft_ms": 50.0, "p99_ttft_ms": 120.0}])
+    assert baseline.compare(stored(old), [tail]).status == "pass"  # p99 is reported by default
+    opted = baseline.compare(stored(old), [tail], gated=baseline.gated_metrics(["ttft_p99", "paging"]))
+    assert opted.status == "regression" and opted.regressions[0].metric == "p99_ttft_ms"
+    with pytest.raises(ValueError, match="unknown metric or group 'speed'"):
+        baseline.gated_metrics(["speed"])
+
+
 def test_timing_tolerance_direction_and_improvements():
     old = entry([{"output_tokens_per_s": 100.0, "p50_ttft_ms": 50.0}])
     assert baseline.compare(stored(old), [entry([{"output_tokens_per_s": 91.0, "p50_ttft_ms": 54.0}])]).status == "pass"
@@ -220,6 +241,43 @@ def test_a_test_pinned_to_a_model_of_its_own_keeps_its_baseline_in_the_sessions_
     again = pytester.runpytest_inprocess(*args, "--llmperf-baseline=require")
     again.assert_outcomes(passed=1)
     assert "engines started: 2" in again.stdout.str()
+
+
+GATE_MARKED = """
+import pytest
+from pytest_llmperf import Workload
+
+MARK
+
+@pytest.mark.llmperf_engine(max_batch_size=2)
+def test_gated(hf_engine, llmperf):
+    llmperf.run(hf_engine, Workload.offline(6, prompt_len=(16, 64), output_len=(4, 16), seed=1))
+"""
+
+
+def test_a_gate_marker_reports_what_it_does_not_name_end_to_end(pytester):
+    """A baseline whose throughput was ten times today's (as if recorded on a faster machine): the default
+    gate fails on it; under `llmperf_gate("paging")` it is reported and the test passes, and results.json
+    records the gate so that `python -m pytest_llmperf compare` judges alike."""
+    args = ["--llmperf-engine=hf", "-p", "no:randomly"]
+    pytester.makepyfile(test_g=GATE_MARKED.replace("MARK", ""))
+    pytester.runpytest_inprocess(*args, "--llmperf-baseline=update").assert_outcomes(passed=1)
+    (path,) = (pytester.path / "baselines").rglob("*.json")
+    doc = json.loads(path.read_text())
+    for e in doc["entries"]:
+        e["metrics"]["output_tokens_per_s"] *= 10
+        e["per_repeat"] = [{**p, "output_tokens_per_s": p["output_tokens_per_s"] * 10} for p in e["per_repeat"]]
+        e["pass_metrics"] = [{**p, "output_tokens_per_s": p["output_tokens_per_s"] * 10} for p in e.get("pass_metrics", [])]
+    path.write_text(json.dumps(doc))
+    failing = pytester.runpytest_inprocess(*args, "--llmperf-retries=0")
+    failing.assert_outcomes(failed=1)
+    assert "output_tokens_per_s" in failing.stdout.str()
+    pytester.makepyfile(test_g=GATE_MARKED.replace("MARK", 'pytestmark = pytest.mark.llmperf_gate("paging")'))
+    passing = pytester.runpytest_inprocess(*args, "--llmperf-retries=0", f"--llmperf-report={pytester.path / 'r'}")
+    passing.assert_outcomes(passed=1)
+    (record,) = json.loads((pytester.path / "r" / "results.json").read_text())["tests"]
+    assert "kv_timeline" in record["gated"] and "output_tokens_per_s" not in record["gated"]
+    assert {r["metric"]: r["verdict"] for r in record["baseline_rows"]}["output_tokens_per_s"] == "reported"
 
 
 def _hammer(path, value, rounds):

@@ -76,6 +76,8 @@ def test_it(hf_engine, llmperf):
     ("max_p99_ms(ttft={'a100': 5})", "no value for hardware class 'cpu'"),
     ("llmperf_engine(32)", "keyword options only"),
     ("llmperf_model()", "takes one model as --llmperf-model takes it"),
+    ("llmperf_gate()", "names nothing: give groups (paging, memory, timing, capacity)"),
+    ("llmperf_gate('speed')", "unknown metric or group 'speed'"),
     ("llmperf_model(model='shape:tiny-llama')", "takes one model as --llmperf-model takes it"),
     ("min_capacity(concurrency=4, under={'ttft_p99_ms': 1000})",
      "under= names 'ttft_p99_ms', not a latency metric: choose among mean_ttft_ms, p50_ttft_ms"),

@@ -49,3 +49,35 @@ def test_a_test_marked_for_other_hardware_is_skipped_with_the_reason(pytester):
     result = pytester.runpytest_inprocess("-rs", "-k", "h200_only")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*needs h200 hardware; this machine is cpu (override with --llmperf-hardware)*"])
+
+
+ORDER = """
+import pytest
+
+def test_hf_first(hf_engine_factory, llmperf):
+    pass
+
+@pytest.mark.llmperf_engine(block_size=64)
+def test_own_engine(vllm_engine, llmperf):
+    pass
+
+@pytest.mark.llmperf_model("shape:tiny-llama")
+def test_pinned(llm_engine, llmperf):
+    pass
+
+def test_default(llm_engine, llmperf):
+    pass
+
+@pytest.mark.llmperf_engine(block_size=64)
+def test_own_engine_again(vllm_engine, llmperf):
+    pass
+"""
+
+
+def test_tests_sharing_an_engine_run_together_and_in_process_engines_run_last(pytester):
+    """Each engine configuration (options and model) starts once; transformers, whose CUDA context stays in
+    the test process and would count in every later engine's device memory, runs after the others."""
+    pytester.makepyfile(test_o=ORDER)
+    names, _ = selected(pytester, "-p", "no:randomly")
+    assert [n.split("::")[1] for n in names] == ["test_own_engine", "test_own_engine_again", "test_default",
+                                                  "test_pinned", "test_hf_first"]
