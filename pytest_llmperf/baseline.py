@@ -65,6 +65,8 @@ def gated_metrics(names: Sequence[str]) -> frozenset[str]:
             raise ValueError(f"unknown metric or group {name!r}; groups: {', '.join(GATE_GROUPS)}; "
                              f"metrics: {', '.join(COMPARED)}")
     return frozenset(out)
+
+
 PAGING_MODES = ("strict", "summary")  # --llmperf-paging: does a moved timeline fail, or only the summaries
 
 # how one label of a test stands against the stored baseline

@@ -65,7 +65,7 @@ def environment(perf: LLMPerf, hardware: str, gpu: Any, model: str | None = None
     """What the test ran on, from its runs: the engine, its version and configuration when every run used
     one engine, else `engines` with each result's (a test that compared transformers with vLLM), and the
     hardware. An engine's model is named only where it is not the session's `model` (a test that pinned
-    its own with `llmperf_engine(model=...)`)."""
+    its own with `llmperf_model`)."""
     per_label = {label_of(run.result, i): _without_model(run.environment(), model) for i, run in enumerate(perf.runs)}
     distinct = list({repr(e): e for e in per_label.values()}.values())
     env: dict[str, Any] = dict(distinct[0]) if len(distinct) == 1 else {"engines": per_label}

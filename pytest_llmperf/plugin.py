@@ -64,7 +64,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         activation.activate(config, items)
     config.stash[selection.CARRIED] = selection.mark_hardware(items, config.stash[SESSION].hardware)
     # Tests that share an engine configuration run together, so each engine starts once (per soak round).
-    items.sort(key=lambda item: (soak.round_of(item), selection.engine_group(item)))
+    gpus = bool(config.stash[SESSION].gpus)
+    items.sort(key=lambda item: (soak.round_of(item), selection.engine_group(item, in_process_last=gpus)))
     properties.apply_profile([i for i in items if selection.uses_plugin(i)], config)
 
 

@@ -61,17 +61,18 @@ def empty_selection_line(config: pytest.Config, items: list[pytest.Item]) -> str
             f"another class with --llmperf-hardware {named[0]}")
 
 
-# Transformers runs in the test process: once it has run, its CUDA context and cached memory stay there until
-# the session ends and count in the device memory of every engine measured after it (an H200: 0.70 GiB more
-# for a tiny vLLM engine, 2.43 against 1.73 GiB). Tests that use it run after the others, so that those
-# measure the same memory whichever tests are selected.
+# Transformers runs in the test process: once it has run on a GPU, its CUDA context and cached memory stay
+# there until the session ends and count in the device memory of every engine measured after it (an H200:
+# 0.70 GiB more for a tiny vLLM engine, 2.43 against 1.73 GiB). On a GPU, tests that use it run after the
+# others, so that those measure the same memory whichever tests are selected; without one, nothing is
+# held and the order keeps every engine configuration together instead.
 IN_PROCESS_FIXTURES = frozenset({"hf_engine", "hf_engine_factory"})
 
 
-def engine_group(item: pytest.Item) -> tuple[bool, str]:
+def engine_group(item: pytest.Item, in_process_last: bool = True) -> tuple[bool, str]:
     """Sort key: tests that share an engine configuration run together, so each engine starts once; tests
-    of an in-process engine last."""
-    last = bool(IN_PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())))
+    of an in-process engine last where `in_process_last` (a session with a GPU)."""
+    last = in_process_last and bool(IN_PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())))
     try:
         return last, repr((sorted(engine_options(item).items()), model_option(item) or ""))
     except MarkerError:

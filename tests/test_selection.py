@@ -74,10 +74,17 @@ def test_own_engine_again(vllm_engine, llmperf):
 """
 
 
-def test_tests_sharing_an_engine_run_together_and_in_process_engines_run_last(pytester):
-    """Each engine configuration (options and model) starts once; transformers, whose CUDA context stays in
-    the test process and would count in every later engine's device memory, runs after the others."""
+def test_tests_sharing_an_engine_run_together_and_on_a_gpu_in_process_engines_run_last(pytester):
+    """Each engine configuration (options and model) starts once. Where there is a GPU, transformers, whose
+    CUDA context stays in the test process and would count in every later engine's device memory, runs
+    after the others; on this CPU nothing is held, so it keeps its place in its configuration's group."""
     pytester.makepyfile(test_o=ORDER)
     names, _ = selected(pytester, "-p", "no:randomly")
-    assert [n.split("::")[1] for n in names] == ["test_own_engine", "test_own_engine_again", "test_default",
-                                                  "test_pinned", "test_hf_first"]
+    assert [n.split("::")[1] for n in names] == ["test_own_engine", "test_own_engine_again", "test_hf_first",
+                                                  "test_default", "test_pinned"]
+    from pytest_llmperf.selection import engine_group
+
+    items = pytester.getitems(ORDER)
+    on_gpu = sorted(items, key=lambda item: engine_group(item, in_process_last=True))
+    assert [i.name for i in on_gpu] == ["test_own_engine", "test_own_engine_again", "test_default", "test_pinned",
+                                        "test_hf_first"]
