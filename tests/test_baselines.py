@@ -216,7 +216,7 @@ from pytest_llmperf import Workload
 W = Workload.offline(6, prompt_len=(16, 64), output_len=(4, 16), seed=1)
 
 @pytest.mark.llmperf_model("shape:tiny-llama")
-@pytest.mark.llmperf_tolerance(output_tokens_per_s=0.9, p50_ttft_ms=9.0, p50_tpot_ms=9.0)
+@pytest.mark.llmperf_gate("paging")  # timing of a few requests on a shared CPU is not what this test is about
 def test_pinned(hf_engine, hf_engine_factory, llmperf):
     llmperf.run(hf_engine, W, label="fixture")
     other = hf_engine_factory(max_batch_size=2)
@@ -229,7 +229,7 @@ def test_a_test_pinned_to_a_model_of_its_own_keeps_its_baseline_in_the_sessions_
     """`llmperf_model` gives every engine of the test (fixture and factory) that model, whatever
     --llmperf-model says; the baseline stays in the session model's folder (the suite is judged as one)
     and its environment names the pinned model, so a failure says it. The session's own model (a 1B shape
-    here) is never loaded: no test asks for it."""
+    here) is never loaded: no test asks for it (the test's body asserts what each engine loaded)."""
     pytester.makepyfile(test_pin=PINNED)
     args = ["--llmperf-engine=hf", "--llmperf-model=shape:llama-3.2-1b", "-p", "no:randomly"]
     pytester.runpytest_inprocess(*args, "--llmperf-baseline=update").assert_outcomes(passed=1)
@@ -240,7 +240,7 @@ def test_a_test_pinned_to_a_model_of_its_own_keeps_its_baseline_in_the_sessions_
     assert {e["model"] for e in doc["environment"]["engines"].values()} == {"shape:tiny-llama"}
     again = pytester.runpytest_inprocess(*args, "--llmperf-baseline=require")
     again.assert_outcomes(passed=1)
-    assert "engines started: 2" in again.stdout.str()
+    assert "baselines: 1 tests: 1 passed" in again.stdout.str()  # compared with the pinned model's baseline
 
 
 GATE_MARKED = """
