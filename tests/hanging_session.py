@@ -39,10 +39,31 @@ def start(pytester, engine_config: str, start_timeout_s: float = 240) -> tuple[s
     return proc, [int(p) for p in pids_file.read_text().split()]
 
 
-def stop(proc: subprocess.Popen, sig: int) -> str:
-    """Signals the session and returns what it printed on its way out."""
+def stop(proc: subprocess.Popen, sig: int, timeout_s: float = 180) -> str:
+    """Signals the session and returns what it printed on its way out. A session still there after
+    `timeout_s` fails with what it printed and its process tree (the command line and state of each
+    process: where it waits), then is killed with its children."""
     proc.send_signal(sig)
-    return proc.communicate(timeout=180)[0]
+    try:
+        return proc.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        tree = _tree(proc.pid)
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            p.kill()
+        proc.kill()
+        out = proc.communicate()[0]
+        raise AssertionError(f"the session had not exited {timeout_s:.0f} s after signal {sig}; its processes then:\n"
+                             f"{tree}\nwhat it printed (last 4000 characters):\n{out[-4000:]}") from None
+
+
+def _tree(pid: int) -> str:
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+        return "\n".join(f"  {p.pid} {p.status()} threads={p.num_threads()} {' '.join(p.cmdline())[:160]}"
+                         for p in procs if p.is_running())
+    except psutil.Error as e:
+        return f"  (not readable: {e})"
 
 
 def survivors(pids: list[int]) -> list[int]:

@@ -53,3 +53,20 @@ def test_ckpt(vllm_engine, llmperf):
     last = max(i for i, line in enumerate(lines) if "1 passed" in line)
     assert not [line for line in lines[last + 1:] if line.strip()], lines[last:]
     assert not any("[shutdown]" in line for line in lines)
+
+
+def test_a_session_that_does_not_exit_after_its_signal_fails_with_its_processes_and_output(pytester):
+    """The helper above: a process that ignores SIGINT (a stand-in for a stuck session, not vLLM) fails the
+    check with what it printed and its process tree, and is killed, never left behind."""
+    import subprocess
+    import sys
+
+    from hanging_session import stop
+
+    code = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print('waiting', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout.readline().strip() == "waiting"
+    with pytest.raises(AssertionError, match="had not exited 2 s after signal") as failed:
+        stop(proc, signal.SIGINT, timeout_s=2)
+    assert str(proc.pid) in str(failed.value) and "time.sleep(60)" in str(failed.value)
+    assert proc.poll() is not None
