@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from . import engine_limits, properties
+from . import engine_limits, judging, properties
+from .baseline import TIMING
 from .engines.base import Engine
 from .gpu import GpuInfo
 from .runner import LLMPerf
@@ -38,6 +39,8 @@ def llmperf(request: pytest.FixtureRequest, llmperf_session: Session) -> LLMPerf
                    gpu_index=gpu_index, gpu_indices=tuple(g.index for g in llmperf_session.gpus),
                    times=llmperf_session.pool.times, roofline_of=llmperf_session.roofline,
                    warmup_mode=llmperf_session.warmup, steady_engines=llmperf_session.steady_engines)
+    gated = judging.gate_of(request.node)
+    perf.timing_gated = gated is None or bool(gated & TIMING)
     if properties.is_property_test(request.node):
         perf.check = properties.checker(request.node.stash.get(LIMITS, []), llmperf_session.retries)
     request.node.stash[PERF] = perf

@@ -99,6 +99,9 @@ class LLMPerf:
     check: Callable[[PerfResult, Workload, Callable[[int], PerfResult]], None] | None = None
     times: PhaseTimes = field(default_factory=PhaseTimes)  # the session's, where the plugin runs it
     warmup_mode: str = "auto"  # what warmup=True means (--llmperf-warmup)
+    # False where the test's baseline gates no timing metric (its llmperf_gate): "auto" then warms up
+    # quickly on a GPU too, since the steady warm-up serves timing only (paging repeats exactly after any)
+    timing_gated: bool = True
     # engines warmed until steady, with the pass-to-pass noise their warm-up saw (the session's)
     steady_engines: MutableMapping[Engine, float] = field(default_factory=weakref.WeakKeyDictionary)
     sweeps: list[Sweep] = field(default_factory=list)
@@ -188,7 +191,7 @@ class LLMPerf:
         if mode not in WARMUP_MODES:
             raise ValueError(f"warmup={mode!r}: choose True, False or one of {', '.join(WARMUP_MODES)}")
         if mode == "auto":
-            return "steady" if self.gpu_index is not None else "quick"
+            return "steady" if self.gpu_index is not None and self.timing_gated else "quick"
         return mode
 
     def _warm_up(self, engine: Engine, workload: Workload, mode: str) -> int:

@@ -278,6 +278,11 @@ def test_a_gate_marker_reports_what_it_does_not_name_end_to_end(pytester):
     (record,) = json.loads((pytester.path / "r" / "results.json").read_text())["tests"]
     assert "kv_timeline" in record["gated"] and "output_tokens_per_s" not in record["gated"]
     assert {r["metric"]: r["verdict"] for r in record["baseline_rows"]}["output_tokens_per_s"] == "reported"
+    # a baseline that gates no timing keeps its first pass: the extra passes and fresh start serve timing
+    recorded = pytester.runpytest_inprocess(*args, "--llmperf-baseline=update")
+    recorded.assert_outcomes(passed=1)
+    assert [e["passes"] for e in json.loads(path.read_text())["entries"]] == [1]
+    assert "engines started: 1;" in recorded.stdout.str()
 
 
 def _hammer(path, value, rounds):

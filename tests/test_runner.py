@@ -122,6 +122,14 @@ def test_auto_is_quick_without_a_gpu_and_explicit_choices_win():
         perf.run(engine, WORKLOAD, warmup="long")
 
 
+def test_auto_is_steady_on_a_gpu_unless_the_test_gates_no_timing():
+    """The steady warm-up serves timing only: a test whose llmperf_gate names no timing metric gets the
+    quick one on a GPU too; an explicit choice still wins."""
+    assert LLMPerf(gpu_index=0)._warmup(True) == "steady"
+    paging_only = LLMPerf(gpu_index=0, timing_gated=False)
+    assert paging_only._warmup(True) == "quick" and paging_only._warmup("steady") == "steady"
+
+
 def test_the_warm_up_option_is_checked_and_reaches_the_session_record(pytester):
     pytester.makepyfile("""
         def test_session_warmup(llmperf_session, llmperf):
