@@ -56,8 +56,8 @@ def test_prefix_caching_with_shared_system_prompts(vllm_engine, llmperf):
 @pytest.mark.llmperf_engine(enable_prefix_caching=True, num_gpu_blocks_override=BUDGET)
 def test_paged_kv_wastes_far_less_than_a_contiguous_cache(vllm_engine, hf_engine_factory, llmperf):
     """The seed comparison: the same workload through vLLM's paged cache and transformers' contiguous
-    (padded, static-batch) cache; vLLM must waste at least 5x less of what it reserves. It runs after the
-    other tests (transformers keeps its CUDA context in the test process), vLLM first."""
+    (padded, static-batch) cache; vLLM must waste at least 5x less of what it reserves. On a GPU it runs
+    after the other tests (transformers keeps its CUDA context in the test process); vLLM first."""
     w = Workload.offline(32, prompt_len=(16, 480), output_len=(8, 256), seed=24)
     paged = llmperf.run(vllm_engine, w, label="vllm")
     contiguous = llmperf.run(hf_engine_factory(max_batch_size=8), w, label="hf")
