@@ -19,7 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-PAGING_PREFIX = "kv_"
+from pytest_llmperf import baseline as bl
+from pytest_llmperf.baseline import Entry
+
+# the exact paging summaries and the step timeline, compared by the gate's own rule (`baseline.compare`)
+PAGING = bl.GATE_GROUPS["paging"]
 
 
 def load_folder(where: str) -> dict[str, dict[str, Any]]:
@@ -33,23 +37,18 @@ def load_folder(where: str) -> dict[str, dict[str, Any]]:
     return {p.name: json.loads(p.read_text()) for p in sorted(Path(where).glob("*.json"))}
 
 
-def paging(entry: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    metrics = {k: v for k, v in entry["metrics"].items() if k.startswith(PAGING_PREFIX)}
-    return metrics, list((entry.get("timeline") or {}).get("events") or [])
-
-
-def differs(old: dict[str, Any], new: dict[str, Any]) -> str | None:
-    """None when the two entries page alike, else what differs first."""
-    (om, ot), (nm, nt) = paging(old), paging(new)
-    for key in sorted(set(om) | set(nm)):
-        if om.get(key) != nm.get(key):
-            return f"{key} {om.get(key)} -> {nm.get(key)}"
-    for i, (a, b) in enumerate(zip(ot, nt)):
-        if a != b:
-            return f"timeline event {i}: {a!r} -> {b!r}"
-    if len(ot) != len(nt):
-        return f"timeline {len(ot)} -> {len(nt)} events"
-    return None
+def differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, str | None]:
+    """Label -> None where the deterministic result pages as its old one does, else what differs first
+    (the gate's reason: the metric, or the first diverging step of the timeline)."""
+    current = [Entry.from_dict(e) for e in new["entries"] if e.get("deterministic")]
+    verdict = bl.compare(old, current, gated=PAGING)
+    out: dict[str, str | None] = {}
+    for entry in current:
+        standing = verdict.labels.get(entry.label)
+        moved = [r for r in verdict.regressions if r.label == entry.label]
+        out[entry.label] = (f"not compared ({standing})" if standing != bl.COMPARED_LABEL else
+                            f"{moved[0].metric}: {moved[0].reason}" if moved else None)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,14 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     old, new = load_folder(args.old), load_folder(args.new)
     same = changed = 0
     for name in sorted(set(old) & set(new)):
-        olds = {e["label"]: e for e in old[name]["entries"] if e.get("deterministic")}
-        for entry in new[name]["entries"]:
-            if not entry.get("deterministic") or entry["label"] not in olds:
-                continue
-            what = differs(olds[entry["label"]], entry)
-            steps = len(paging(entry)[1])
-            print(f"{name[:-5]:<80} {entry['label']:<8} {'same' if what is None else 'DIFFERS: ' + what}"
-                  f" ({steps} timeline events)")
+        events = {e["label"]: len((e.get("timeline") or {}).get("events") or []) for e in new[name]["entries"]}
+        for label, what in differences(old[name], new[name]).items():
+            print(f"{name[:-5]:<80} {label:<8} {'same' if what is None else 'DIFFERS: ' + what}"
+                  f" ({events[label]} timeline events)")
             same, changed = same + (what is None), changed + (what is not None)
     print(f"paging identity: {same} results the same, {changed} differ ({args.old} vs {args.new})")
     return 1 if changed else 0

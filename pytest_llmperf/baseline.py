@@ -67,6 +67,11 @@ def gated_metrics(names: Sequence[str]) -> frozenset[str]:
     return frozenset(out)
 
 
+def gates_timing(gated: frozenset[str] | None) -> bool:
+    """Whether a test's gate (None: the default) judges any timing metric."""
+    return gated is None or bool(gated & TIMING)
+
+
 PAGING_MODES = ("strict", "summary")  # --llmperf-paging: does a moved timeline fail, or only the summaries
 
 # how one label of a test stands against the stored baseline

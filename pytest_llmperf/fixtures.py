@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from . import engine_limits, judging, properties
-from .baseline import TIMING
+from . import engine_limits, properties
+from .baseline import gates_timing
 from .engines.base import Engine
 from .gpu import GpuInfo
 from .runner import LLMPerf
-from .session import LIMITS, PERF, SESSION, Session, engine_options, model_option
+from .session import LIMITS, PERF, SESSION, Session, engine_options, gate_option, model_option
 
 
 @pytest.fixture(scope="session")
@@ -39,8 +39,7 @@ def llmperf(request: pytest.FixtureRequest, llmperf_session: Session) -> LLMPerf
                    gpu_index=gpu_index, gpu_indices=tuple(g.index for g in llmperf_session.gpus),
                    times=llmperf_session.pool.times, roofline_of=llmperf_session.roofline,
                    warmup_mode=llmperf_session.warmup, steady_engines=llmperf_session.steady_engines)
-    gated = judging.gate_of(request.node)
-    perf.timing_gated = gated is None or bool(gated & TIMING)
+    perf.timing_gated = gates_timing(gate_option(request.node))
     if properties.is_property_test(request.node):
         perf.check = properties.checker(request.node.stash.get(LIMITS, []), llmperf_session.retries)
     request.node.stash[PERF] = perf

@@ -75,16 +75,16 @@ def environment(perf: LLMPerf, hardware: str, gpu: Any, model: str | None = None
     return env
 
 
-def gated(marks: list[tuple[Any, ...]]) -> frozenset[str] | None:
-    """`@pytest.mark.llmperf_gate("paging", "memory")`: the metrics the test's baseline comparison gates
-    (the closest marker's), or None for the default."""
-    if not marks:
+def gated(names: tuple[Any, ...] | None) -> frozenset[str] | None:
+    """`@pytest.mark.llmperf_gate("paging", "memory")`: the metrics the test's baseline comparison gates,
+    from the marker's arguments, or None (no marker) for the default."""
+    if names is None:
         return None
-    if not marks[0]:
+    if not names:
         raise BaselineError(f"@pytest.mark.{markers.GATE}() names nothing: give groups "
                             f"({', '.join(baseline.GATE_GROUPS)}) or metric names, e.g. {markers.GATE}(\"paging\", \"memory\")")
     try:
-        return baseline.gated_metrics(marks[0])
+        return baseline.gated_metrics(names)
     except ValueError as e:
         raise BaselineError(f"@pytest.mark.{markers.GATE}: {e}") from e
 
@@ -128,7 +128,7 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
         try:
             # the extra passes of a baseline (the best of several, across a fresh start) are for timing;
             # a test that gates no timing metric records its first pass (paging repeats exactly)
-            if gated is None or gated & baseline.TIMING:
+            if baseline.gates_timing(gated):
                 current = _recorded(perf, current, cfg.retries)
         except Exception as e:  # noqa: BLE001 - the engine's own error, reported; the old baseline stays
             raise BaselineError(f"could not measure again for the baseline ({type(e).__name__}: {e}); "

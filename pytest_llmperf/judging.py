@@ -23,7 +23,7 @@ from .paging_timeline import Timeline, divergence_step
 from .report import HEADLINE, TestRecord, result_record
 from .runner import LLMPerf
 from .selection import uses_plugin
-from .session import LIMITS, SESSION, Session, engine_options, model_option
+from .session import LIMITS, SESSION, Session, engine_options, gate_option, model_option
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def check_inputs(item: pytest.Item) -> None:
         item.stash[LIMITS] = limits(item)
         engine_options(item)
         model_option(item)
-        gate_of(item)
+        gate_option(item)
         activation.check_gpus(item)
         _check_baseline_file(item)
     except (MarkerError, gating.BaselineError) as e:
@@ -78,13 +78,8 @@ def judge(item: pytest.Item, perf: LLMPerf | None) -> Judgement:
     if failure is not None or perf is None or not perf.results:
         return Judgement(failure, kind, None, notes)
     tolerance_marks = [m.kwargs for m in reversed(list(item.iter_markers(markers.TOLERANCE)))]
-    gated = _gate(item.nodeid, perf, state, tolerance_marks, gate_of(item))
+    gated = _gate(item.nodeid, perf, state, tolerance_marks, gate_option(item))
     return Judgement(gated.failure, gated.kind, gated.verdict, notes + gated.notes)
-
-
-def gate_of(item: pytest.Item) -> frozenset[str] | None:
-    """What the test's `llmperf_gate` marker (its own over its module's) gates, or None for the default."""
-    return gating.gated([m.args for m in item.iter_markers(markers.GATE)])
 
 
 def _invalid(test_id: str, perf: LLMPerf | None) -> str:
@@ -165,7 +160,7 @@ def record(item: pytest.Item, perf: LLMPerf, outcome: str, judgement: Judgement)
                      verdict.status if verdict is not None else "-", rows,
                      dict(verdict.uncompared) if verdict is not None else {}, results,
                      gating.environment(perf, state.hardware, state.gpu, state.model_spec), [s.summary() for s in perf.sweeps])
-    gated = gate_of(item)
+    gated = gate_option(item)
     rec.gated = sorted(gated) if gated is not None else None
     rec.limits = assertions.margins(item.stash.get(LIMITS, []), [r for r in perf.results if r.label not in perf.sweep_labels])
     notes: list[tuple[str, str]] = []

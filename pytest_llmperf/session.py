@@ -112,6 +112,12 @@ def model_option(item: pytest.Item) -> str | None:
     return mark.args[0]
 
 
+def gate_option(item: pytest.Item) -> frozenset[str] | None:
+    """What the test's `llmperf_gate` marker (its own over its module's) gates, or None for the default."""
+    mark = item.get_closest_marker(markers.GATE)
+    return gating.gated(mark.args if mark is not None else None)
+
+
 def engine_options(item: pytest.Item) -> dict[str, Any]:
     options: dict[str, Any] = {}
     for mark in reversed(list(item.iter_markers(markers.ENGINE))):  # module first, the test's own last
