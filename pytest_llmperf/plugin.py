@@ -64,8 +64,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         activation.activate(config, items)
     config.stash[selection.CARRIED] = selection.mark_hardware(items, config.stash[SESSION].hardware)
     # Tests that share an engine configuration run together, so each engine starts once (per soak round).
-    gpus = bool(config.stash[SESSION].gpus)
-    items.sort(key=lambda item: (soak.round_of(item), selection.engine_group(item, in_process_last=gpus)))
+    order = selection.engine_order(items, in_process_last=bool(config.stash[SESSION].gpus))
+    items.sort(key=lambda item: (soak.round_of(item), order[item.nodeid]))
     properties.apply_profile([i for i in items if selection.uses_plugin(i)], config)
 
 

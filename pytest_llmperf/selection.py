@@ -64,16 +64,30 @@ def empty_selection_line(config: pytest.Config, items: list[pytest.Item]) -> str
 # Transformers runs in the test process: once it has run on a GPU, its CUDA context and cached memory stay
 # there until the session ends and count in the device memory of every engine measured after it (an H200:
 # 0.70 GiB more for a tiny vLLM engine, 2.43 against 1.73 GiB). On a GPU, tests that use it run after the
-# others, so that those measure the same memory whichever tests are selected; without one, nothing is
-# held and the order keeps every engine configuration together instead.
+# others, so that those measure the same memory whichever tests are selected; their engine configuration's
+# group runs last of all, so that its vLLM engine, started for the group's other tests, is still live when
+# they need it (a comparison of vLLM with transformers) rather than started again. Without a GPU, nothing
+# is held and the order keeps every engine configuration together.
 IN_PROCESS_FIXTURES = frozenset({"hf_engine", "hf_engine_factory"})
 
 
-def engine_group(item: pytest.Item, in_process_last: bool = True) -> tuple[bool, str]:
-    """Sort key: tests that share an engine configuration run together, so each engine starts once; tests
-    of an in-process engine last where `in_process_last` (a session with a GPU)."""
-    last = in_process_last and bool(IN_PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())))
+def engine_group(item: pytest.Item) -> str:
+    """The engine configuration (options and model) a test's engines share."""
     try:
-        return last, repr((sorted(engine_options(item).items()), model_option(item) or ""))
+        return repr((sorted(engine_options(item).items()), model_option(item) or ""))
     except MarkerError:
-        return last, ""  # reported at setup, with the test's name
+        return ""  # reported at setup, with the test's name
+
+
+def in_process(item: pytest.Item) -> bool:
+    return bool(IN_PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+def engine_order(items: list[pytest.Item], in_process_last: bool) -> dict[str, tuple[bool, str, bool]]:
+    """Sort keys by node id: tests that share an engine configuration run together, so each engine starts
+    once; where `in_process_last` (a session with a GPU), tests of an in-process engine after the others of
+    their group, and the groups holding such tests after every other group."""
+    groups = {item.nodeid: engine_group(item) for item in items}
+    late = {item.nodeid for item in items if in_process_last and in_process(item)}
+    holding = {groups[nodeid] for nodeid in late}
+    return {nodeid: (group in holding, group, nodeid in late) for nodeid, group in groups.items()}

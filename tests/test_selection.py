@@ -77,14 +77,17 @@ def test_own_engine_again(vllm_engine, llmperf):
 def test_tests_sharing_an_engine_run_together_and_on_a_gpu_in_process_engines_run_last(pytester):
     """Each engine configuration (options and model) starts once. Where there is a GPU, transformers, whose
     CUDA context stays in the test process and would count in every later engine's device memory, runs
-    after the others; on this CPU nothing is held, so it keeps its place in its configuration's group."""
+    after the others, and its configuration's group runs last so that the group's vLLM engine is not
+    started twice; on this CPU nothing is held, so it keeps its place in its configuration's group."""
     pytester.makepyfile(test_o=ORDER)
     names, _ = selected(pytester, "-p", "no:randomly")
     assert [n.split("::")[1] for n in names] == ["test_own_engine", "test_own_engine_again", "test_hf_first",
                                                   "test_default", "test_pinned"]
-    from pytest_llmperf.selection import engine_group
+    from pytest_llmperf.selection import engine_order
 
     items = pytester.getitems(ORDER)
-    on_gpu = sorted(items, key=lambda item: engine_group(item, in_process_last=True))
-    assert [i.name for i in on_gpu] == ["test_own_engine", "test_own_engine_again", "test_default", "test_pinned",
+    order = engine_order(items, in_process_last=True)
+    on_gpu = sorted(items, key=lambda item: order[item.nodeid])
+    # the default configuration's engine, started for test_default, is still live for test_hf_first
+    assert [i.name for i in on_gpu] == ["test_own_engine", "test_own_engine_again", "test_pinned", "test_default",
                                         "test_hf_first"]
