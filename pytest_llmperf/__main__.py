@@ -1,12 +1,19 @@
 """`python -m pytest_llmperf compare OLD.json NEW.json`: the baseline rules applied to two results files
-written by `--llmperf-report`. Exit status 1 on a regression, 2 on bad input."""
+written by `--llmperf-report`. Exit status 1 on a regression, 2 on bad input.
+
+`python -m pytest_llmperf calibrate RUN.json RUN.json RUN.json ... [--baseline-dir baselines]`: the
+allowance each gated timing metric needs, from unchanged runs compared with the stored baselines
+(`calibration.py`), written into those baselines. Exit status 2 on bad input."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import Any
 
-from .baseline import DEFAULT_TOLERANCE, compare_results, parse_tolerance
+from . import calibration
+from .baseline import DEFAULT_TOLERANCE, BaselineError, compare_results, parse_tolerance
 from .report import load
 
 
@@ -19,7 +26,16 @@ def main(argv: list[str] | None = None) -> int:
     cmp.add_argument("--tolerance", default=str(DEFAULT_TOLERANCE),
                      help=f"relative tolerance of timing metrics (default {DEFAULT_TOLERANCE}), and per metric "
                           "if given: 0.10,output_tokens_per_s=0.05")
+    cal = sub.add_parser("calibrate", help="store in the baselines the allowance unchanged runs show each metric needs")
+    cal.add_argument("runs", nargs="+", help=f"results.json of at least {calibration.MIN_RUNS} unchanged runs "
+                                             "(--llmperf-report), each in its own pytest process")
+    cal.add_argument("--baseline-dir", default="baselines", help="the baselines the runs were compared with")
+    cal.add_argument("--alpha", type=float, default=calibration.ALPHA,
+                     help=f"false-alarm budget of the whole suite per run (default {calibration.ALPHA})")
+    cal.add_argument("--dry-run", action="store_true", help="print the allowances, write nothing")
     args = parser.parse_args(argv)
+    if args.command == "calibrate":
+        return _calibrate(args)
     try:
         tolerance, tolerances = parse_tolerance(args.tolerance)
         old, new = load(args.old), load(args.new)
@@ -29,6 +45,40 @@ def main(argv: list[str] | None = None) -> int:
     text, regressed = compare_results(old, new, tolerance, tolerances)
     print(text)
     return 1 if regressed else 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    try:
+        runs = [load(path) for path in args.runs]
+        hardware, model, tolerances = _session(runs, args.runs)
+        found = calibration.deviations(Path(args.baseline_dir), hardware, model, runs, tolerances)
+        calibrated = calibration.allowances(found, args.alpha)
+    except (ValueError, BaselineError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not calibrated:
+        print(f"error: no metric was measured by {calibration.MIN_RUNS} of these runs against a baseline in "
+              f"{args.baseline_dir}/{hardware}/: pass the results.json of compare runs of the same suite", file=sys.stderr)
+        return 2
+    print(calibration.table(calibrated))
+    if args.dry_run:
+        return 0
+    written = calibration.write(Path(args.baseline_dir), hardware, model, calibrated, len(runs), args.alpha)
+    print(f"calibrated {len(calibrated)} metrics of {len(written)} baselines from {len(runs)} runs "
+          f"(alpha {args.alpha} over the suite)")
+    return 0
+
+
+def _session(runs: list[dict[str, Any]], paths: list[str]) -> tuple[str, str, dict[str, float]]:
+    """The hardware class, model and per-metric tolerances every run shares."""
+    if len(runs) < calibration.MIN_RUNS:
+        raise ValueError(f"a calibration needs at least {calibration.MIN_RUNS} runs, got {len(runs)}")
+    sessions = [(r["session"]["hardware"], r["session"]["model"]) for r in runs]
+    if len(set(sessions)) > 1:
+        found = ", ".join(f"{p}: {h}/{m}" for p, (h, m) in zip(paths, sessions))
+        raise ValueError(f"the runs are of different hardware classes or models ({found}); calibrate each apart")
+    tolerance = runs[0]["session"].get("tolerance", [DEFAULT_TOLERANCE, {}])
+    return sessions[0][0], sessions[0][1], dict(tolerance[1])
 
 
 if __name__ == "__main__":

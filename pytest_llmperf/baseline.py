@@ -133,20 +133,25 @@ class Entry:
     pass_metrics: Sequence[Mapping[str, float]] = ()
     # a deterministic result's paging timeline (`paging_timeline.Timeline.to_dict`: hash, steps, events)
     timeline: Mapping[str, Any] = field(default_factory=dict)
+    # per metric, the least allowance unchanged runs in other CI jobs showed it needs (`calibration.py`);
+    # only a stored baseline has one, and recording it again drops it
+    calibration: Mapping[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "workload_hash": self.workload_hash, "deterministic": self.deterministic,
                 "metrics": _rounded(self.metrics), "per_repeat": [_rounded(p) for p in self.per_repeat],
                 "noise": _rounded(self.noise), "passes": self.passes, "engine": self.engine,
                 "samples": dict(self.samples), "pass_metrics": [_rounded(p) for p in self.pass_metrics],
-                **({"timeline": dict(self.timeline)} if self.timeline else {})}
+                **({"timeline": dict(self.timeline)} if self.timeline else {}),
+                **({"calibration": dict(self.calibration)} if self.calibration else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Entry:
         return cls(d["label"], d["workload_hash"], bool(d["deterministic"]), dict(d["metrics"]),
                    [dict(p) for p in d.get("per_repeat", [])], dict(d.get("noise", {})), int(d.get("passes", 1)),
                    str(d.get("engine", "")), {k: int(v) for k, v in d.get("samples", {}).items()},
-                   [dict(p) for p in d.get("pass_metrics", [])], dict(d.get("timeline", {})))
+                   [dict(p) for p in d.get("pass_metrics", [])], dict(d.get("timeline", {})),
+                   {k: float(v) for k, v in d.get("calibration", {}).items()})
 
     def each_pass(self) -> list[Mapping[str, float]]:
         """The timing metrics of each pass: recorded ones, or this entry's own when it is one pass."""
@@ -327,9 +332,9 @@ def compare(stored: Mapping[str, Any], current: Sequence[Entry], tolerances: Map
     notes: list[str] = []
     for cur in current:
         old = by_label.get(cur.label)
-        standing, note = _standing(old, cur)
-        labels[cur.label] = standing
-        if standing == COMPARED_LABEL:
+        stands, note = standing(old, cur)
+        labels[cur.label] = stands
+        if stands == COMPARED_LABEL:
             rows.extend(_compare_entry(old, cur, tolerances, default_tolerance, paging, gated))  # type: ignore[arg-type]
         else:
             notes.append(note)
@@ -345,7 +350,7 @@ def compare(stored: Mapping[str, Any], current: Sequence[Entry], tolerances: Map
                    timelines=timelines)
 
 
-def _standing(old: Entry | None, cur: Entry) -> tuple[str, str]:
+def standing(old: Entry | None, cur: Entry) -> tuple[str, str]:
     """(how `cur` stands against its stored entry, the line that says why it was not compared)."""
     if old is None:
         return NO_BASELINE, f"no baseline entry for {cur.label!r}"
@@ -391,12 +396,16 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
     gated_paging = metric in PAGING and not asked
     exact = gated_paging and deterministic
     tol = 0.0 if exact else tolerances.get(metric, default)
+    calibrated = False
     if not exact:
         # never tighter than the noise: the spread of this run's repeats, the uncertainty of a
-        # percentile of few samples (the order-statistic intervals of both runs, added), or how far the
-        # baseline's own passes, across two engine starts, landed apart on this metric
-        tol = max(tol, _spread(cur.per_repeat, metric), cur.noise.get(metric, 0.0) + old.noise.get(metric, 0.0),
-                  _spread(old.each_pass(), metric))
+        # percentile of few samples (the order-statistic intervals of both runs, added), how far the
+        # baseline's own passes, across two engine starts, landed apart on this metric, or how far
+        # unchanged runs in other jobs landed from it (its calibration)
+        noise = max(tol, _spread(cur.per_repeat, metric), cur.noise.get(metric, 0.0) + old.noise.get(metric, 0.0),
+                    _spread(old.each_pass(), metric))
+        calibrated = old.calibration.get(metric, 0.0) > noise
+        tol = max(noise, old.calibration.get(metric, 0.0))
     worse = (c < b) if higher_better else (c > b)
     change = abs(c - b) / abs(b) if b else (math.inf if c != b else 0.0)
 
@@ -424,7 +433,7 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
         return row("improvement")
     if not stats.significant(old.per_repeat, cur.per_repeat, metric, higher_better, SIGNIFICANCE):
         return row("ok", "within noise (not significant across repeats)")
-    reason = f"{'down' if higher_better else 'up'} {change:.1%}, allowed {tol:.1%}"
+    reason = f"{'down' if higher_better else 'up'} {change:.1%}, allowed {tol:.1%}{' (calibrated)' if calibrated else ''}"
     if cur.passes > 1:
         reason += f", in every one of {cur.passes} passes"
     return row("regression", reason)

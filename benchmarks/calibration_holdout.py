@@ -1,0 +1,93 @@
+"""Calibrated allowances judged on runs they did not see: leave one out.
+
+Each of N unchanged runs (their `results.json`, compare jobs against one set of stored baselines, each in
+its own pytest process) is held out in turn: the other N-1 calibrate a copy of the baselines
+(`python -m pytest_llmperf calibrate`'s rule, `calibration.py`), and the held-out run's first pass is
+judged against that copy, and against the baselines as they are (no calibration), with the gate's own
+comparison (`baseline.compare`, the test's `llmperf_gate`, the session's tolerances). A first pass that
+fails is not yet a red run (the gate measures a suspect again); one that passes cannot turn red.
+
+    python benchmarks/calibration_holdout.py --baselines baselines RUN/results.json RUN/results.json ...
+
+With `--slower RUN/results.json ...`: runs with an injected slowdown, judged against the baselines
+calibrated from all N unchanged runs: each one a regression caught or missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from _emit import emit
+
+from pytest_llmperf import baseline as bl
+from pytest_llmperf import calibration
+from pytest_llmperf.report import load
+
+
+def failing(root: Path, run: dict[str, Any]) -> list[str]:
+    """The tests of `run` whose first pass regresses against the baselines under `root`."""
+    session = run["session"]
+    default, per_metric = session.get("tolerance", [bl.DEFAULT_TOLERANCE, {}])
+    out = []
+    for test in run["tests"]:
+        stored = bl.load(bl.path_for(root, test["test"], session["hardware"], session["model"]))
+        if stored is None or not test["results"]:
+            continue
+        gated = frozenset(test["gated"]) if test.get("gated") is not None else None
+        verdict = bl.compare(stored, [bl.Entry.from_dict(r) for r in test["results"]], per_metric, float(default),
+                             gated=gated)
+        out += [f"{test['test'].split('::')[-1]} {r.label} {r.metric} {r.change:+.1%}/{r.allowed:.1%}"
+                for r in verdict.regressions]
+    return out
+
+
+def calibrated_copy(src: Path, runs: list[dict[str, Any]], into: Path) -> Path:
+    root = into / "baselines"
+    shutil.copytree(src, root)
+    session = runs[0]["session"]
+    tolerances = dict(session.get("tolerance", [0, {}])[1])
+    found = calibration.deviations(root, session["hardware"], session["model"], runs, tolerances)
+    calibration.write(root, session["hardware"], session["model"], calibration.allowances(found), len(runs))
+    return root
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--baselines", required=True)
+    ap.add_argument("--slower", nargs="*", default=[])
+    ap.add_argument("runs", nargs="+")
+    args = ap.parse_args(argv)
+    runs = [load(p) for p in args.runs]
+    rows, plain_red, cal_red = [], 0, 0
+    print(f"{'held out':<40} {'uncalibrated':>12} {'calibrated':>10}  which (calibrated)")
+    for i, path in enumerate(args.runs):
+        with tempfile.TemporaryDirectory() as tmp:
+            root = calibrated_copy(Path(args.baselines), runs[:i] + runs[i + 1:], Path(tmp))
+            plain, cal = failing(Path(args.baselines), runs[i]), failing(root, runs[i])
+        plain_red, cal_red = plain_red + bool(plain), cal_red + bool(cal)
+        rows.append({"run": path, "uncalibrated": plain, "calibrated": cal})
+        print(f"{path[-40:]:<40} {len(plain):>12} {len(cal):>10}  {'; '.join(cal) or '-'}")
+    print(f"{len(runs)} unchanged runs held out: first pass red {plain_red} uncalibrated, {cal_red} calibrated")
+    caught = Counter()
+    if args.slower:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = calibrated_copy(Path(args.baselines), runs, Path(tmp))
+            for path in args.slower:
+                found = failing(root, load(path))
+                caught[bool(found)] += 1
+                rows.append({"slower": path, "calibrated": found})
+                print(f"slower {path[-40:]:<33} {len(found):>3} failing metrics: {'; '.join(found) or 'MISSED'}")
+        print(f"{len(args.slower)} slower runs: {caught[True]} caught")
+    emit("calibration_holdout", {"runs": len(runs), "red_uncalibrated": plain_red, "red_calibrated": cal_red,
+                                 "slower_caught": caught[True], "slower": len(args.slower), "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,128 @@
+"""Calibration: how far unchanged runs, each its own CI job, landed from a baseline, per metric, stored in
+the baseline as that metric's allowance.
+
+A baseline is the best of its passes across two engine starts on one machine. What it cannot see is how
+far a later job lands: another machine of the class, another day, another start. Lent H200s put the same
+code's closed-loop throughput 5-13% below a baseline recorded on another one (docs/performance.md,
+"Calibrated allowances"), more than any spread one machine shows. `python -m pytest_llmperf calibrate`
+takes the `results.json` of K >= 3 unchanged runs compared with the stored baselines, takes each gated
+timing metric's deviation from its baseline in the worse direction (the first pass, as the gate judges it
+first), and stores an upper prediction bound for one more run:
+
+    mean + t(1 - alpha / M, K - 1) * sd * sqrt(1 + 1 / K)
+
+with M the number of calibrated metrics of the whole suite, so that the suite's false-alarm budget alpha
+(5% per pull request) is split over every comparison it makes (Bonferroni). The gate then never judges
+that metric more tightly (`baseline._row`); the tolerance, the repeat spread and a percentile's own
+uncertainty can still judge it more loosely. Recording a test again drops its calibration (the deviations
+were measured from the old values): calibrate again after an update.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import baseline as bl
+
+ALPHA = 0.05  # the suite's false-alarm budget per pull request
+MIN_RUNS = 3  # a bound from fewer runs says nothing about their spread
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """One metric of one result: what K unchanged runs showed, and the allowance they give."""
+
+    test: str
+    label: str
+    metric: str
+    deviations: tuple[float, ...]  # relative, positive = worse
+    allowance: float
+
+
+def worse_by(metric: str, stored: float, current: float) -> float:
+    """How much worse `current` is than `stored`, relative to `stored` (negative: better)."""
+    if not stored:
+        return 0.0
+    change = (current - stored) / abs(stored)
+    return -change if bl.COMPARED[metric] else change
+
+
+def bound(deviations: Sequence[float], comparisons: int, alpha: float = ALPHA) -> float:
+    """The one-sided upper prediction bound of one more run's deviation (never below 0)."""
+    from scipy.stats import t
+
+    k = len(deviations)
+    if k < MIN_RUNS:
+        raise ValueError(f"a calibration needs at least {MIN_RUNS} runs, got {k}")
+    mean, sd = statistics.fmean(deviations), statistics.stdev(deviations)
+    q = float(t.ppf(1 - alpha / max(comparisons, 1), k - 1))
+    return max(0.0, mean + q * sd * math.sqrt(1 + 1 / k))
+
+
+def _gated(test: Mapping[str, Any], tolerances: Mapping[str, float]) -> frozenset[str]:
+    if test.get("gated") is not None:
+        return frozenset(test["gated"])
+    return bl.GATED_BY_DEFAULT | frozenset(tolerances)
+
+
+def deviations(root: Path, hardware: str, model: str, runs: Sequence[Mapping[str, Any]],
+               tolerances: Mapping[str, float]) -> dict[tuple[str, str, str], list[float]]:
+    """(test, label, metric) -> each run's deviation from the stored baseline, for the gated timing
+    metrics of every result whose baseline holds it with the same workload and engine."""
+    out: dict[tuple[str, str, str], list[float]] = {}
+    for run in runs:
+        for test in run["tests"]:
+            stored = bl.load(bl.path_for(root, test["test"], hardware, model))
+            if stored is None or not test["results"]:
+                continue
+            by_label = {e["label"]: bl.Entry.from_dict(e) for e in stored["entries"]}
+            gated = _gated(test, tolerances) & bl.TIMING
+            for entry in map(bl.Entry.from_dict, test["results"]):
+                old = by_label.get(entry.label)
+                if old is None or bl.standing(old, entry)[0] != bl.COMPARED_LABEL:
+                    continue
+                for metric in sorted(gated):
+                    b, c = old.metrics.get(metric), entry.metrics.get(metric)
+                    if b is not None and c is not None:
+                        out.setdefault((test["test"], entry.label, metric), []).append(worse_by(metric, b, c))
+    return out
+
+
+def allowances(found: Mapping[tuple[str, str, str], Sequence[float]], alpha: float = ALPHA) -> list[Allowance]:
+    """The allowance of every metric that at least MIN_RUNS runs measured; M counts those."""
+    enough = {key: tuple(d) for key, d in found.items() if len(d) >= MIN_RUNS}
+    return [Allowance(*key, d, bound(d, len(enough), alpha)) for key, d in sorted(enough.items())]
+
+
+def write(root: Path, hardware: str, model: str, calibrated: Sequence[Allowance], runs: int,
+          alpha: float = ALPHA) -> list[Path]:
+    """Store each allowance in its baseline entry (replacing an older calibration); returns the files."""
+    by_test: dict[str, list[Allowance]] = {}
+    for a in calibrated:
+        by_test.setdefault(a.test, []).append(a)
+    written = []
+    for test_id, items in sorted(by_test.items()):
+        path = bl.path_for(root, test_id, hardware, model)
+        stored = bl.load(path)
+        if stored is None:
+            continue
+        for entry in stored["entries"]:
+            entry["calibration"] = {a.metric: round(a.allowance, 4) for a in items if a.label == entry["label"]}
+        stored["calibrated"] = {"runs": runs, "alpha": alpha, "comparisons": len(calibrated)}
+        bl.write(path, stored)
+        written.append(path)
+    return written
+
+
+def table(calibrated: Sequence[Allowance]) -> str:
+    """One line per metric: its runs' deviations (worse +) and the allowance they give."""
+    lines = [f"{'test':<52} {'result':<8} {'metric':<20} {'runs':>4} {'worst':>7} {'allowed':>8}"]
+    for a in calibrated:
+        lines.append(f"{a.test.split('::')[-1][:52]:<52} {a.label[:8]:<8} {a.metric:<20} {len(a.deviations):>4} "
+                     f"{max(a.deviations):>+7.1%} {a.allowance:>8.1%}")
+    return "\n".join(lines)
