@@ -1,0 +1,107 @@
+"""Calibrated allowances: the bound, the gate that never judges tighter than it, and
+`python -m pytest_llmperf calibrate` end to end on real transformers runs in separate report folders."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from pytest_llmperf import baseline, calibration
+from pytest_llmperf.baseline import Entry
+
+
+def test_the_bound_is_a_one_sided_prediction_bound_split_over_the_suites_comparisons():
+    # mean 2%, sd 1%, 3 runs: 0.02 + t(0.95, 2) * 0.01 * sqrt(1 + 1/3), t(0.95, 2) = 2.919986
+    assert calibration.bound([0.01, 0.02, 0.03], comparisons=1) == pytest.approx(0.02 + 2.919986 * 0.01 * math.sqrt(4 / 3))
+    one, forty = calibration.bound([0.01, 0.02, 0.03], 1), calibration.bound([0.01, 0.02, 0.03], 40)
+    assert forty > one  # more comparisons per run: each gets less of the false-alarm budget
+    assert calibration.bound([-0.05, -0.04, -0.06], 1) == 0.0  # runs that only landed better need nothing
+    with pytest.raises(ValueError, match="at least 3 runs, got 2"):
+        calibration.bound([0.01, 0.02], 1)
+    # worse is down for throughput, up for latency
+    assert calibration.worse_by("output_tokens_per_s", 100.0, 90.0) == pytest.approx(0.10)
+    assert calibration.worse_by("p50_ttft_ms", 100.0, 90.0) == pytest.approx(-0.10)
+
+
+def _entry(tok_s, calibration_=None):
+    return Entry("0", "w1", False, {"output_tokens_per_s": tok_s}, [{"output_tokens_per_s": tok_s}],
+                 calibration=calibration_ or {})
+
+
+def test_a_calibrated_metric_is_never_judged_tighter_than_its_calibration_and_the_failure_says_so():
+    doc = baseline.document("t", "h200", "m", {}, [_entry(100.0, {"output_tokens_per_s": 0.12})])
+    assert baseline.compare(doc, [_entry(90.0)]).status == "pass"  # -10%: inside the calibrated 12%
+    failed = baseline.compare(doc, [_entry(85.0)])
+    assert failed.status == "regression"
+    assert failed.regressions[0].reason == "down 15.0%, allowed 12.0% (calibrated)"
+    plain = baseline.document("t", "h200", "m", {}, [_entry(100.0)])
+    assert baseline.compare(plain, [_entry(90.0)], {"output_tokens_per_s": 0.05}).status == "regression"
+    # a calibration below the tolerance changes nothing: it widens, never tightens
+    small = baseline.document("t", "h200", "m", {}, [_entry(100.0, {"output_tokens_per_s": 0.01})])
+    assert baseline.compare(small, [_entry(93.0)]).status == "pass"
+    assert baseline.compare(small, [_entry(93.0)]).rows[0].allowed == pytest.approx(0.10)
+    # stored and read back; an entry recorded again (an update) has none
+    assert Entry.from_dict(doc["entries"][0]).calibration == {"output_tokens_per_s": 0.12}
+    assert "calibration" not in _entry(100.0).to_dict()
+
+
+TEST = """
+import pytest
+from pytest_llmperf import Workload
+
+def test_chat(hf_engine, llmperf):
+    llmperf.run(hf_engine, Workload.offline(6, prompt_len=(16, 48), output_len=(4, 12), seed=1), label="chat")
+"""
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "pytest_llmperf", *args], capture_output=True, text=True)
+
+
+def test_calibrate_stores_each_metrics_allowance_from_unchanged_runs_and_an_update_drops_it(pytester):
+    """A baseline recorded in one pytest process, three unchanged compare runs in three more, each with
+    its report: calibrate reads them, writes the allowance of each gated timing metric into the baseline,
+    and the next comparison uses it. Recording the test again drops the calibration."""
+    pytester.makepyfile(test_c=TEST)
+    pytester.runpytest_inprocess("--llmperf-engine=hf", "--llmperf-baseline=update").assert_outcomes(passed=1)
+    (path,) = (pytester.path / "baselines").rglob("*.json")
+    reports = []
+    for k in range(3):
+        pytester.runpytest_inprocess("--llmperf-engine=hf", "--llmperf-baseline=compare", f"--llmperf-report=run{k}")
+        reports.append(str(pytester.path / f"run{k}" / "results.json"))
+    base = str(pytester.path / "baselines")
+
+    dry = _cli("calibrate", *reports, "--baseline-dir", base, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "test_chat" in dry.stdout and "output_tokens_per_s" in dry.stdout and "calibration" not in path.read_text()
+
+    done = _cli("calibrate", *reports, "--baseline-dir", base)
+    assert done.returncode == 0, done.stderr
+    stored = json.loads(path.read_text())
+    (entry,) = stored["entries"]
+    # the default gate's timing metrics, each from the three runs' own deviations
+    assert set(entry["calibration"]) == {"output_tokens_per_s", "requests_per_s", "p50_ttft_ms", "p50_tpot_ms"}
+    assert stored["calibrated"] == {"runs": 3, "alpha": 0.05, "comparisons": 4}
+    assert "calibrated 4 metrics of 1 baselines from 3 runs" in done.stdout
+
+    pytester.runpytest_inprocess("--llmperf-engine=hf", "--llmperf-baseline=update").assert_outcomes(passed=1)
+    assert "calibration" not in path.read_text()
+
+
+def test_calibrate_refuses_what_cannot_calibrate(tmp_path):
+    def run(hardware):
+        doc = {"schema": 1, "session": {"hardware": hardware, "model": "m", "tolerance": [0.1, {}]}, "tests": []}
+        path = tmp_path / f"{hardware}-{len(list(tmp_path.iterdir()))}.json"
+        path.write_text(json.dumps(doc))
+        return str(path)
+
+    two = _cli("calibrate", run("cpu"), run("cpu"))
+    assert two.returncode == 2 and "needs at least 3 runs, got 2" in two.stderr
+    mixed = _cli("calibrate", run("cpu"), run("cpu"), run("h200"))
+    assert mixed.returncode == 2 and "different hardware classes or models" in mixed.stderr
+    nothing = _cli("calibrate", run("cpu"), run("cpu"), run("cpu"), "--baseline-dir", str(tmp_path / "none"))
+    assert nothing.returncode == 2 and "no metric was measured by 3 of these runs" in nothing.stderr
+    unreadable = _cli("calibrate", run("cpu"), run("cpu"), str(tmp_path / "missing.json"))
+    assert unreadable.returncode == 2 and "not a readable results file" in unreadable.stderr
