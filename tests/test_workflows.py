@@ -59,6 +59,13 @@ def test_update_baselines_records_what_the_perf_gate_judges():
     choices = workflow("update-baselines.yml")[True]["workflow_dispatch"]["inputs"]["hardware"]["options"]
     assert set(gate["strategy"]["matrix"]["hardware"]) <= set(choices)
     assert "-m ${{ inputs.hardware }}" in update["steps"][1]["run"]
+    # the calibration runs compare as the gate judges (its model and tolerances), then calibrate from them
+    calibrate = next(s for s in update["steps"] if s.get("name") == "Calibrate the allowances")
+    calib_args = shlex.split(update["env"]["GATE_ARGS"])
+    assert [a for a in calib_args if "baseline=" not in a] == [a for a in gate_args if "baseline=" not in a
+                                                               and "paging=" not in a]
+    assert "--llmperf-baseline=compare" in calib_args and "$GATE_ARGS" in calibrate["run"]
+    assert "pytest_llmperf calibrate calibration/run*/results.json" in calibrate["run"]
 
 
 def test_make_test_runs_the_shipped_suite_strictly_against_the_shipped_cpu_baselines():
