@@ -3,7 +3,7 @@
 Each of N unchanged runs (their `results.json`, compare jobs against one set of stored baselines, each in
 its own pytest process) is held out in turn: the other N-1 calibrate a copy of the baselines
 (`python -m pytest_llmperf calibrate`'s rule, `calibration.py`), and the held-out run's first pass is
-judged against that copy, and against the baselines as they are (no calibration), with the gate's own
+judged against that copy, and against the baselines without any calibration, with the gate's own
 comparison (`baseline.compare`, the test's `llmperf_gate`, the session's tolerances). A first pass that
 fails is not yet a red run (the gate measures a suspect again); one that passes cannot turn red.
 
@@ -47,9 +47,22 @@ def failing(root: Path, run: dict[str, Any]) -> list[str]:
     return out
 
 
+def uncalibrated_copy(src: Path, into: Path) -> Path:
+    """The baselines under `src` without any calibration they carry (the shipped ones are calibrated)."""
+    root = into / "uncalibrated"
+    shutil.copytree(src, root)
+    for path in root.rglob("*.json"):
+        doc = bl.load(path)
+        if doc is not None and doc.pop("calibrated", None) is not None:
+            for entry in doc["entries"]:
+                entry.pop("calibration", None)
+            bl.write(path, doc)
+    return root
+
+
 def calibrated_copy(src: Path, runs: list[dict[str, Any]], into: Path) -> Path:
     root = into / "baselines"
-    shutil.copytree(src, root)
+    shutil.copytree(uncalibrated_copy(src, into), root)
     session = runs[0]["session"]
     tolerances = dict(session.get("tolerance", [0, {}])[1])
     found = calibration.deviations(root, session["hardware"], session["model"], runs, tolerances)
@@ -69,7 +82,7 @@ def main(argv: list[str]) -> int:
     for i, path in enumerate(args.runs):
         with tempfile.TemporaryDirectory() as tmp:
             root = calibrated_copy(Path(args.baselines), runs[:i] + runs[i + 1:], Path(tmp))
-            plain, cal = failing(Path(args.baselines), runs[i]), failing(root, runs[i])
+            plain, cal = failing(Path(tmp) / "uncalibrated", runs[i]), failing(root, runs[i])
         plain_red, cal_red = plain_red + bool(plain), cal_red + bool(cal)
         rows.append({"run": path, "uncalibrated": plain, "calibrated": cal})
         print(f"{path[-40:]:<40} {len(plain):>12} {len(cal):>10}  {'; '.join(cal) or '-'}")
