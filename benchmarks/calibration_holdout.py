@@ -11,11 +11,17 @@ fails is not yet a red run (the gate measures a suspect again); one that passes 
 
 With `--slower RUN/results.json ...`: runs with an injected slowdown, judged against the baselines
 calibrated from all N unchanged runs: each one a regression caught or missed.
+
+With `--scaled-loss 0.10`: each held-out run is also judged with every timing figure made that much
+worse (throughput times 0.9, latencies divided by 0.9). A proxy, not a measurement: a real slowdown
+does not stretch every latency alike (queueing grows more). It says whether the calibrated allowances
+leave the suite room to see a loss of that size; a real slowdown (`--slower`) says whether it does.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import shutil
 import sys
 import tempfile
@@ -60,6 +66,18 @@ def uncalibrated_copy(src: Path, into: Path) -> Path:
     return root
 
 
+def scaled(run: dict[str, Any], loss: float) -> dict[str, Any]:
+    """`run` with every timing metric worse by `loss` (see the module's text: a proxy)."""
+    out = copy.deepcopy(run)
+    for test in out["tests"]:
+        for result in test["results"]:
+            for metrics in [result["metrics"], *result.get("per_repeat", [])]:
+                for key, value in metrics.items():
+                    if key in bl.TIMING and isinstance(value, (int, float)):
+                        metrics[key] = value * (1 - loss) if bl.COMPARED[key] else value / (1 - loss)
+    return out
+
+
 def calibrated_copy(src: Path, runs: list[dict[str, Any]], into: Path) -> Path:
     root = into / "baselines"
     shutil.copytree(uncalibrated_copy(src, into), root)
@@ -74,19 +92,27 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baselines", required=True)
     ap.add_argument("--slower", nargs="*", default=[])
+    ap.add_argument("--scaled-loss", type=float, default=0.0, help="also judge each held-out run made this much slower")
     ap.add_argument("runs", nargs="+")
     args = ap.parse_args(argv)
     runs = [load(p) for p in args.runs]
-    rows, plain_red, cal_red = [], 0, 0
+    rows, plain_red, cal_red, proxy_caught = [], 0, 0, 0
     print(f"{'held out':<40} {'uncalibrated':>12} {'calibrated':>10}  which (calibrated)")
     for i, path in enumerate(args.runs):
         with tempfile.TemporaryDirectory() as tmp:
             root = calibrated_copy(Path(args.baselines), runs[:i] + runs[i + 1:], Path(tmp))
             plain, cal = failing(Path(tmp) / "uncalibrated", runs[i]), failing(root, runs[i])
-        plain_red, cal_red = plain_red + bool(plain), cal_red + bool(cal)
-        rows.append({"run": path, "uncalibrated": plain, "calibrated": cal})
+            slow = failing(root, scaled(runs[i], args.scaled_loss)) if args.scaled_loss else []
+        plain_red, cal_red, proxy_caught = plain_red + bool(plain), cal_red + bool(cal), proxy_caught + bool(slow)
+        rows.append({"run": path, "uncalibrated": plain, "calibrated": cal, "scaled": slow})
         print(f"{path[-40:]:<40} {len(plain):>12} {len(cal):>10}  {'; '.join(cal) or '-'}")
+        if args.scaled_loss:
+            tests = sorted({f.split()[0] for f in slow})
+            label = f"  made {args.scaled_loss:.0%} slower"
+            print(f"{label:<40} {len(slow):>23}  tests failing: {', '.join(tests) or 'MISSED'}")
     print(f"{len(runs)} unchanged runs held out: first pass red {plain_red} uncalibrated, {cal_red} calibrated")
+    if args.scaled_loss:
+        print(f"made {args.scaled_loss:.0%} slower (a proxy): {proxy_caught} of {len(runs)} caught")
     caught = Counter()
     if args.slower:
         with tempfile.TemporaryDirectory() as tmp:
@@ -98,6 +124,7 @@ def main(argv: list[str]) -> int:
                 print(f"slower {path[-40:]:<33} {len(found):>3} failing metrics: {'; '.join(found) or 'MISSED'}")
         print(f"{len(args.slower)} slower runs: {caught[True]} caught")
     emit("calibration_holdout", {"runs": len(runs), "red_uncalibrated": plain_red, "red_calibrated": cal_red,
+                                 "scaled_loss": args.scaled_loss, "scaled_caught": proxy_caught,
                                  "slower_caught": caught[True], "slower": len(args.slower), "rows": rows})
     return 0
 
