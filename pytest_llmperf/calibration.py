@@ -112,7 +112,10 @@ def write(root: Path, hardware: str, model: str, calibrated: Sequence[Allowance]
         if stored is None:
             continue
         for entry in stored["entries"]:
-            entry["calibration"] = {a.metric: round(a.allowance, 4) for a in items if a.label == entry["label"]}
+            mine = {a.metric: round(a.allowance, 4) for a in items if a.label == entry["label"]}
+            entry.pop("calibration", None)
+            if mine:
+                entry["calibration"] = mine
         stored["calibrated"] = {"runs": runs, "alpha": alpha, "comparisons": len(calibrated)}
         bl.write(path, stored)
         written.append(path)
