@@ -39,15 +39,14 @@ from pytest_llmperf.report import load
 def failing(root: Path, run: dict[str, Any]) -> list[str]:
     """The tests of `run` whose first pass regresses against the baselines under `root`."""
     session = run["session"]
-    default, per_metric = session.get("tolerance", [bl.DEFAULT_TOLERANCE, {}])
+    default, per_metric = bl.recorded_tolerance(run)
     out = []
     for test in run["tests"]:
         stored = bl.load(bl.path_for(root, test["test"], session["hardware"], session["model"]))
         if stored is None or not test["results"]:
             continue
-        gated = frozenset(test["gated"]) if test.get("gated") is not None else None
-        verdict = bl.compare(stored, [bl.Entry.from_dict(r) for r in test["results"]], per_metric, float(default),
-                             gated=gated)
+        verdict = bl.compare(stored, [bl.Entry.from_dict(r) for r in test["results"]], per_metric, default,
+                             gated=bl.recorded_gate(test))
         out += [f"{test['test'].split('::')[-1]} {r.label} {r.metric} {r.change:+.1%}/{r.allowed:.1%}"
                 for r in verdict.regressions]
     return out
@@ -82,8 +81,7 @@ def calibrated_copy(src: Path, runs: list[dict[str, Any]], into: Path) -> Path:
     root = into / "baselines"
     shutil.copytree(uncalibrated_copy(src, into), root)
     session = runs[0]["session"]
-    tolerances = dict(session.get("tolerance", [0, {}])[1])
-    found = calibration.deviations(root, session["hardware"], session["model"], runs, tolerances)
+    found = calibration.deviations(root, session["hardware"], session["model"], runs, bl.recorded_tolerance(runs[0])[1])
     calibration.write(root, session["hardware"], session["model"], calibration.allowances(found), len(runs))
     return root
 

@@ -69,7 +69,7 @@ def judge_pair(base: Path, cur: Path, tolerance: float, tolerances: dict[str, fl
             continue
         compared += 1
         first = [Entry.from_dict(r) for r in test["results"]]
-        gated = frozenset(test["gated"]) if test.get("gated") is not None else None  # the test's llmperf_gate
+        gated = bl.recorded_gate(test)  # the test's llmperf_gate
         verdict = bl.compare(stored, first, tolerances, tolerance, gated=gated)
         if verdict.status != "regression":
             continue
@@ -89,8 +89,7 @@ def judge_pair(base: Path, cur: Path, tolerance: float, tolerances: dict[str, fl
 def _tolerance(args: argparse.Namespace, runs: list[Path]) -> tuple[float, dict[str, float]]:
     if args.tolerance:
         return bl.parse_tolerance(args.tolerance)
-    default, per_metric = load(runs[0] / "results.json")["session"].get("tolerance", [bl.DEFAULT_TOLERANCE, {}])
-    return float(default), dict(per_metric)
+    return bl.recorded_tolerance(load(runs[0] / "results.json"))
 
 
 def judge(args: argparse.Namespace, runs: list[Path]) -> int:

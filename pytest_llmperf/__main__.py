@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import calibration
-from .baseline import DEFAULT_TOLERANCE, BaselineError, compare_results, parse_tolerance
+from .baseline import DEFAULT_TOLERANCE, BaselineError, compare_results, parse_tolerance, recorded_tolerance
 from .report import load
 
 
@@ -77,8 +77,7 @@ def _session(runs: list[dict[str, Any]], paths: list[str]) -> tuple[str, str, di
     if len(set(sessions)) > 1:
         found = ", ".join(f"{p}: {h}/{m}" for p, (h, m) in zip(paths, sessions))
         raise ValueError(f"the runs are of different hardware classes or models ({found}); calibrate each apart")
-    tolerance = runs[0]["session"].get("tolerance", [DEFAULT_TOLERANCE, {}])
-    return sessions[0][0], sessions[0][1], dict(tolerance[1])
+    return sessions[0][0], sessions[0][1], recorded_tolerance(runs[0])[1]
 
 
 if __name__ == "__main__":

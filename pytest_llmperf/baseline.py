@@ -72,6 +72,23 @@ def gates_timing(gated: frozenset[str] | None) -> bool:
     return gated is None or bool(gated & TIMING)
 
 
+def gates(metric: str, gated: frozenset[str] | None, tolerances: Mapping[str, float]) -> bool:
+    """Whether a comparison fails on `metric`: exactly what a test's `llmperf_gate` names, else the
+    defaults and what a tolerance names."""
+    return (metric in GATED_BY_DEFAULT or metric in tolerances) if gated is None else metric in gated
+
+
+def recorded_gate(test: Mapping[str, Any]) -> frozenset[str] | None:
+    """A results.json test record's `llmperf_gate` (None: the default)."""
+    return frozenset(test["gated"]) if test.get("gated") is not None else None
+
+
+def recorded_tolerance(results: Mapping[str, Any]) -> tuple[float, dict[str, float]]:
+    """The tolerance a results.json session judged with: the default and the per-metric ones."""
+    default, per_metric = results["session"].get("tolerance", [DEFAULT_TOLERANCE, {}])
+    return float(default), dict(per_metric)
+
+
 PAGING_MODES = ("strict", "summary")  # --llmperf-paging: does a moved timeline fail, or only the summaries
 
 # how one label of a test stands against the stored baseline
@@ -413,8 +430,7 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
         return Row(cur.label, metric, b, c, tol, verdict, reason, exact, cur.passes)
 
     # a test's llmperf_gate says exactly what gates; without one, the defaults and what a tolerance names
-    chosen = (metric in GATED_BY_DEFAULT or asked) if gated is None else metric in gated
-    if not chosen or (gated_paging and not deterministic):
+    if not gates(metric, gated, tolerances) or (gated_paging and not deterministic):
         # timed arrivals (or a pool sized by the machine's memory) make paging vary run to run: an
         # unchanged H200 rerun moved fragmentation max by 16%. Shown; gated only where a test asks.
         return row("reported")
@@ -489,9 +505,8 @@ def compare_results(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: f
             out.append(f"{test['test']}: new test, nothing to compare")
             continue
         stored = {"entries": prior["results"], "environment": prior.get("environment")}
-        gated = test.get("gated")  # the test's llmperf_gate, as results.json records it
         verdict = compare(stored, [Entry.from_dict(r) for r in test["results"]], tolerances, tolerance,
-                          gated=frozenset(gated) if gated is not None else None)
+                          gated=recorded_gate(test))
         regressed |= verdict.status == "regression"
         out.append(f"{test['test']}: {verdict.status}{' - ' + verdict.message if verdict.message else ''}")
         if any(_shown(r) for r in verdict.rows):

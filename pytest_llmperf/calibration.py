@@ -64,29 +64,23 @@ def bound(deviations: Sequence[float], comparisons: int, alpha: float = ALPHA) -
     return max(0.0, mean + q * sd * math.sqrt(1 + 1 / k))
 
 
-def _gated(test: Mapping[str, Any], tolerances: Mapping[str, float]) -> frozenset[str]:
-    if test.get("gated") is not None:
-        return frozenset(test["gated"])
-    return bl.GATED_BY_DEFAULT | frozenset(tolerances)
-
-
 def deviations(root: Path, hardware: str, model: str, runs: Sequence[Mapping[str, Any]],
                tolerances: Mapping[str, float]) -> dict[tuple[str, str, str], list[float]]:
     """(test, label, metric) -> each run's deviation from the stored baseline, for the gated timing
     metrics of every result whose baseline holds it with the same workload and engine."""
     out: dict[tuple[str, str, str], list[float]] = {}
+    stored: dict[str, dict[str, bl.Entry]] = {}  # each test's baseline, read once
     for run in runs:
         for test in run["tests"]:
-            stored = bl.load(bl.path_for(root, test["test"], hardware, model))
-            if stored is None or not test["results"]:
-                continue
-            by_label = {e["label"]: bl.Entry.from_dict(e) for e in stored["entries"]}
-            gated = _gated(test, tolerances) & bl.TIMING
+            if test["test"] not in stored:
+                doc = bl.load(bl.path_for(root, test["test"], hardware, model))
+                stored[test["test"]] = {e["label"]: bl.Entry.from_dict(e) for e in doc["entries"]} if doc else {}
+            by_label, gated = stored[test["test"]], bl.recorded_gate(test)
             for entry in map(bl.Entry.from_dict, test["results"]):
                 old = by_label.get(entry.label)
                 if old is None or bl.standing(old, entry)[0] != bl.COMPARED_LABEL:
                     continue
-                for metric in sorted(gated):
+                for metric in sorted(m for m in bl.TIMING if bl.gates(m, gated, tolerances)):
                     b, c = old.metrics.get(metric), entry.metrics.get(metric)
                     if b is not None and c is not None:
                         out.setdefault((test["test"], entry.label, metric), []).append(worse_by(metric, b, c))
