@@ -24,6 +24,7 @@ from .session import SESSION, engine_options
 _ACTIVE = pytest.StashKey[bool]()
 _CLAIM_ERROR = pytest.StashKey[str]()
 _SIGTERM_HANDLER = pytest.StashKey[Callable[[int, Any], None]]()
+_TERMINATED = pytest.StashKey[bool]()
 
 
 def activate(config: pytest.Config, items: Sequence[pytest.Item] = ()) -> None:
@@ -59,6 +60,11 @@ def check_gpus(item: pytest.Item) -> None:
         raise MarkerError(f"its engine spreads over {need} GPUs (tensor x pipeline parallel) and this worker has "
                           f"{len(state.gpus)}: run with fewer pytest-xdist workers (-n), "
                           f"--llmperf-gpus-per-worker={need}, or on a machine with more GPUs")
+
+
+def terminated(config: pytest.Config) -> bool:
+    """Whether SIGTERM ended this session through the plugin's handler (`timeout`, a CI job's time limit)."""
+    return config.stash.get(_TERMINATED, False)
 
 
 def deactivate(config: pytest.Config) -> None:
@@ -116,6 +122,7 @@ def _stop_engines_on_sigterm(config: pytest.Config) -> None:
 
     def on_sigterm(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        config.stash[_TERMINATED] = True
         pytest.exit("llmperf: terminated by SIGTERM; engines stopped before exit", returncode=128 + signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)

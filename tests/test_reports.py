@@ -115,3 +115,37 @@ def test_one_number_format_for_messages_margins_and_tables():
     assert pair(0.0351512, 0.0351548) == "0.0351512 -> 0.0351548"  # never two different values printed alike
     assert pair(547, 280) == "547 -> 280"
     assert [cell(x) for x in (None, 0.12345, 2147.44, 33)] == ["-", "0.123", "2147.4", "33"]
+
+
+def test_a_session_stopped_by_sigterm_still_reports_what_it_judged(pytester):
+    """A CI job's time limit sends SIGTERM: the tests that finished before it keep their failure texts, the
+    llmperf summary and the report, and the exit status still says the job was killed."""
+    pytester.makepyfile(test_s="""
+import os, signal, time
+import pytest
+from pytest_llmperf import Workload
+
+W = Workload.offline(4, prompt_len=16, output_len=4, seed=1)
+
+@pytest.mark.min_throughput(output_tokens_per_s=1e9)
+def test_a_too_slow(hf_engine, llmperf):
+    llmperf.run(hf_engine, W, label="slow")
+
+def test_b_fine(hf_engine, llmperf):
+    llmperf.run(hf_engine, W, label="fine")
+
+def test_c_stopped(hf_engine, llmperf):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(60)
+""")
+    result = pytester.runpytest_subprocess("--llmperf-engine=hf", "--llmperf-report=rep", "-p", "no:cacheprovider",
+                                           timeout=300)
+    out = result.stdout.str()
+    assert result.ret == 143, out
+    assert "terminated by SIGTERM" in out + result.stderr.str()
+    assert "FAILED test_s.py::test_a_too_slow" in out and "output_tokens_per_s" in out  # the failure text
+    assert "time to verdict: " in out
+    doc = json.loads((pytester.path / "rep" / "results.json").read_text())
+    assert [t["test"] for t in doc["tests"]] == ["test_s.py::test_a_too_slow", "test_s.py::test_b_fine"]
+    assert [t["outcome"] for t in doc["tests"]] == ["failed", "passed"]
+    assert (pytester.path / "rep" / "summary.md").exists()
