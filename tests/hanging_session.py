@@ -3,6 +3,7 @@ lifecycle tests (CPU) and the GPU reliability tests check that no engine outlive
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -39,21 +40,62 @@ def start(pytester, engine_config: str, start_timeout_s: float = 240) -> tuple[s
     return proc, [int(p) for p in pids_file.read_text().split()]
 
 
-def stop(proc: subprocess.Popen, sig: int, timeout_s: float = 180) -> str:
+def stop(proc: subprocess.Popen, sig: int, timeout_s: float = 180, second_wait_s: float = 30) -> str:
     """Signals the session and returns what it printed on its way out. A session still there after
-    `timeout_s` fails with what it printed and its process tree (the command line and state of each
-    process: where it waits), then is killed with its children."""
+    `timeout_s` fails with what it printed, its process tree (the command line and state of each
+    process: where it waits) and where the signal went (`_signal_state`), is sent the signal once more (does
+    a second one end it?), then is killed with its children."""
     proc.send_signal(sig)
     try:
         return proc.communicate(timeout=timeout_s)[0]
     except subprocess.TimeoutExpired:
-        tree = _tree(proc.pid)
-        for p in psutil.Process(proc.pid).children(recursive=True):
+        tree, state = _tree(proc.pid), _signal_state(proc.pid, sig)
+        # a second signal tells a lost first one (the session exits now) from one that is never acted on
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=second_wait_s)
+            second = f"it exited {proc.returncode} within {second_wait_s:.0f} s of a second signal {sig}"
+        except subprocess.TimeoutExpired:
+            second = f"a second signal {sig} did not end it either"
+        for p in _children(proc.pid):
             p.kill()
         proc.kill()
         out = proc.communicate()[0]
-        raise AssertionError(f"the session had not exited {timeout_s:.0f} s after signal {sig}; its processes then:\n"
-                             f"{tree}\nwhat it printed (last 4000 characters):\n{out[-4000:]}") from None
+        raise AssertionError(f"the session had not exited {timeout_s:.0f} s after signal {sig}; {second}; its processes "
+                             f"then:\n{tree}\nits signal state then:\n{state}\n"
+                             f"what it printed (last 4000 characters):\n{out[-4000:]}") from None
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _signal_state(pid: int, sig: int) -> str:
+    """Whether `sig` is pending, ignored, caught or blocked in the process and each of its threads, from
+    /proc (Linux): a signal pending and blocked everywhere, ignored, or caught by a handler that never
+    tells Python's are each a different fault."""
+    bit = 1 << (sig - 1)
+
+    def fields(path: str) -> dict[str, str]:
+        with open(path) as f:
+            return dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
+
+    def has(value: str) -> str:
+        return "yes" if int(value, 16) & bit else "no"
+
+    try:
+        top = fields(f"/proc/{pid}/status")
+        lines = [f"  process: shared pending {has(top['ShdPnd'])}, ignored {has(top['SigIgn'])}, "
+                 f"caught {has(top['SigCgt'])}"]
+        for task in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+            t = fields(f"/proc/{pid}/task/{task}/status")
+            lines.append(f"  thread {task} {t['Name'].strip()}: pending {has(t['SigPnd'])}, blocked {has(t['SigBlk'])}")
+        return "\n".join(lines)
+    except (OSError, KeyError, ValueError) as e:
+        return f"  (not readable: {e})"
 
 
 def _tree(pid: int) -> str:

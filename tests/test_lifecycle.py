@@ -67,6 +67,17 @@ def test_a_session_that_does_not_exit_after_its_signal_fails_with_its_processes_
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout.readline().strip() == "waiting"
     with pytest.raises(AssertionError, match="had not exited 2 s after signal") as failed:
-        stop(proc, signal.SIGINT, timeout_s=2)
-    assert str(proc.pid) in str(failed.value) and "time.sleep(60)" in str(failed.value)
+        stop(proc, signal.SIGINT, timeout_s=2, second_wait_s=2)
+    said = str(failed.value)
+    assert str(proc.pid) in said and "time.sleep(60)" in said
+    assert "ignored yes" in said and "a second signal 2 did not end it either" in said  # where the signal went
     assert proc.poll() is not None
+
+    # one that drops only the first signal: the second ends it, and the failure says so
+    code = ("import signal, time; signal.signal(signal.SIGINT, lambda *a: signal.signal(signal.SIGINT, "
+            "signal.default_int_handler)); print('waiting', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout.readline().strip() == "waiting"
+    with pytest.raises(AssertionError, match="within 10 s of a second signal 2") as failed:
+        stop(proc, signal.SIGINT, timeout_s=2, second_wait_s=10)
+    assert "caught yes" in str(failed.value)
