@@ -165,7 +165,8 @@ def record(item: pytest.Item, perf: LLMPerf, outcome: str, judgement: Judgement)
     rec.limits = assertions.margins(item.stash.get(LIMITS, []), [r for r in perf.results if r.label not in perf.sweep_labels])
     notes: list[tuple[str, str]] = []
     if state.report_dir is not None:
-        rec.plots, notes = _plots(item.nodeid, perf, state.report_dir, verdict)
+        with state.pool.times.timed("plots"):
+            rec.plots, notes = _plots(item.nodeid, perf, state.report_dir, verdict)
     return rec, notes
 
 

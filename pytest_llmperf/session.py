@@ -63,7 +63,8 @@ class Session:
         if sizes is None:
             return None
         if self.bandwidth is None:
-            self.bandwidth = measure_bandwidth(self.gpu.index) or 0.0
+            with self.pool.times.timed("bandwidth probe"):  # a child process that starts CUDA: seconds
+                self.bandwidth = measure_bandwidth(self.gpu.index) or 0.0
         tensor_parallel = int(engine.config.get("tensor_parallel_size") or 1)
         return Roofline(*sizes, self.bandwidth, tensor_parallel) if self.bandwidth else None
 

@@ -1,5 +1,5 @@
 """Where a session's wall time goes: engine starts and stops, warm-up, measured passes, passes measured
-again to tell noise from a regression.
+again to tell noise from a regression, the GPU's bandwidth probe, and the plots drawn for `--llmperf-report`.
 
 The rest of the wall time (collection, pytest itself, judging, reports) is what is left over. Shown in
 the terminal summary and `results.json` as the time to verdict, so that a slow gate shows what to cut.
@@ -12,7 +12,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-PHASES = ("engine start", "warm-up", "measurement", "re-measurement", "engine stop")
+PHASES = ("engine start", "warm-up", "measurement", "re-measurement", "engine stop", "bandwidth probe", "plots")
+# shown in the line only where they took time: a session without a GPU or without a report has none
+OPTIONAL = ("bandwidth probe", "plots")
 
 
 @dataclass
@@ -37,5 +39,6 @@ class PhaseTimes:
         s = self.summary()
         return (f"time to verdict: {s['wall']:.0f} s = engine start {s['engine start']:.0f} s ({starts} starts), "
                 f"warm-up {s['warm-up']:.0f} s, measurement {s['measurement']:.0f} s, re-measurement "
-                f"{s['re-measurement']:.0f} s, engine stop "
-                f"{s['engine stop']:.0f} s, other (pytest, judging, reports) {s['other']:.0f} s")
+                f"{s['re-measurement']:.0f} s, engine stop {s['engine stop']:.0f} s, "
+                + "".join(f"{phase} {s[phase]:.0f} s, " for phase in OPTIONAL if s[phase])
+                + f"other (pytest, judging, reports) {s['other']:.0f} s")

@@ -35,8 +35,10 @@ def test_report_files_step_summary_and_pytest_benchmark(pytester, monkeypatch):
     # time to verdict, split by phase: one engine start, one warm-up pass, three measured passes
     t = doc["session"]["time_to_verdict_s"]
     assert t["engine_starts"] == 1 and min(t["engine start"], t["warm-up"], t["measurement"]) > 0
-    assert t["wall"] >= t["engine start"] + t["warm-up"] + t["measurement"] + t["engine stop"]
-    assert "time to verdict: " in result.stdout.str()
+    assert t["wall"] >= t["engine start"] + t["warm-up"] + t["measurement"] + t["engine stop"] + t["plots"]
+    assert t["plots"] > 0 and t["bandwidth probe"] == 0  # pictures asked for; no GPU to probe
+    line = next(x for x in result.stdout.lines if x.startswith("time to verdict: "))
+    assert " s, plots " in line and "bandwidth probe" not in line
 
     summary = (pytester.path / "rep" / "summary.md").read_text()
     assert "| `test_r.py::test_chat` | chat |" in summary
@@ -45,6 +47,18 @@ def test_report_files_step_summary_and_pytest_benchmark(pytester, monkeypatch):
     bench = json.loads((pytester.path / "bench.json").read_text())["benchmarks"]
     assert len(bench) == 1 and bench[0]["name"] == "test_chat" and bench[0]["stats"]["rounds"] == 3
     assert bench[0]["extra_info"]["llmperf_output_tokens_per_s"] > 0
+
+
+def test_the_time_to_verdict_line_names_every_phase_that_took_time():
+    from pytest_llmperf.timing import PhaseTimes
+
+    times = PhaseTimes(started=0.0)
+    times.seconds.update({"engine start": 20.0, "measurement": 5.0})
+    line = times.line(2)
+    assert "engine start 20 s (2 starts)" in line and "measurement 5 s" in line and "re-measurement 0 s" in line
+    assert "plots" not in line and "bandwidth probe" not in line  # optional phases appear only once they ran
+    times.seconds["bandwidth probe"] = 6.0
+    assert "engine stop 0 s, bandwidth probe 6 s, other" in times.line(2)
 
 
 def test_compare_cli_applies_the_baseline_rules(pytester):
