@@ -62,9 +62,16 @@ def check_gpus(item: pytest.Item) -> None:
                           f"--llmperf-gpus-per-worker={need}, or on a machine with more GPUs")
 
 
-def terminated(config: pytest.Config) -> bool:
-    """Whether SIGTERM ended this session through the plugin's handler (`timeout`, a CI job's time limit)."""
-    return config.stash.get(_TERMINATED, False)
+def summarize_if_terminated(config: pytest.Config, exitstatus: int) -> None:
+    """A session that SIGTERM ended through the plugin's handler (`timeout`, a CI job's time limit) still
+    reports what it judged: pytest prints no summary for exit status 143, which would lose every failure
+    text and the llmperf summary and report of the tests that finished before the signal."""
+    if not config.stash.get(_TERMINATED, False):
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or reporter.no_summary or hasattr(config, "workerinput"):
+        return
+    config.hook.pytest_terminal_summary(terminalreporter=reporter, exitstatus=exitstatus, config=config)
 
 
 def deactivate(config: pytest.Config) -> None:

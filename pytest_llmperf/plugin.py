@@ -166,18 +166,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         state.pool.close()
         if activation.is_active(session.config):  # a session that never used the plugin keeps its output
             activation.show_engine_output(session.config)
-        if activation.terminated(session.config):
-            _summarize_terminated(session.config, exitstatus)
-
-
-def _summarize_terminated(config: pytest.Config, exitstatus: int) -> None:
-    """A session stopped by SIGTERM (a CI job's time limit) still reports what it judged: pytest prints no
-    summary for an exit status of 143, which would lose every failure text and the report of the tests that
-    finished before the signal."""
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is None or reporter.no_summary or hasattr(config, "workerinput"):
-        return
-    config.hook.pytest_terminal_summary(terminalreporter=reporter, exitstatus=exitstatus, config=config)
+        activation.summarize_if_terminated(session.config, exitstatus)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
