@@ -1,9 +1,10 @@
 """`python -m pytest_llmperf compare OLD.json NEW.json`: the baseline rules applied to two results files
 written by `--llmperf-report`. Exit status 1 on a regression, 2 on bad input.
 
-`python -m pytest_llmperf calibrate RUN.json RUN.json RUN.json ... [--baseline-dir baselines]`: the
+`python -m pytest_llmperf calibrate RUN.json RUN.json RUN.json ... [--baseline-dir baselines] [--add]`: the
 allowance each gated timing metric needs, from unchanged runs compared with the stored baselines
-(`calibration.py`), written into those baselines. Exit status 2 on bad input."""
+(`calibration.py`), written into those baselines; with --add, the runs join those the baselines were
+calibrated from. Exit status 2 on bad input."""
 
 from __future__ import annotations
 
@@ -28,10 +29,13 @@ def main(argv: list[str] | None = None) -> int:
                           "if given: 0.10,output_tokens_per_s=0.05")
     cal = sub.add_parser("calibrate", help="store in the baselines the allowance unchanged runs show each metric needs")
     cal.add_argument("runs", nargs="+", help=f"results.json of at least {calibration.MIN_RUNS} unchanged runs "
-                                             "(--llmperf-report), each in its own pytest process")
+                                             "(--llmperf-report), each in its own pytest process (with --add, any number)")
     cal.add_argument("--baseline-dir", default="baselines", help="the baselines the runs were compared with")
     cal.add_argument("--alpha", type=float, default=calibration.ALPHA,
                      help=f"false-alarm budget of the whole suite per run (default {calibration.ALPHA})")
+    cal.add_argument("--add", action="store_true",
+                     help="add these runs to those the stored calibration came from (other machines, other days) "
+                          "instead of replacing it")
     cal.add_argument("--dry-run", action="store_true", help="print the allowances, write nothing")
     args = parser.parse_args(argv)
     if args.command == "calibrate":
@@ -50,28 +54,33 @@ def main(argv: list[str] | None = None) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     try:
         runs = [load(path) for path in args.runs]
-        hardware, model, tolerances = _session(runs, args.runs)
-        found = calibration.deviations(Path(args.baseline_dir), hardware, model, runs, tolerances)
+        hardware, model, tolerances = _session(runs, args.runs, args.add)
+        root = Path(args.baseline_dir)
+        found = calibration.deviations(root, hardware, model, runs, tolerances)
+        if args.add:
+            found = calibration.merged(calibration.stored_deviations(root, hardware, model), found)
         calibrated = calibration.allowances(found, args.alpha)
     except (ValueError, BaselineError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not calibrated:
         print(f"error: no metric was measured by {calibration.MIN_RUNS} of these runs against a baseline in "
-              f"{args.baseline_dir}/{hardware}/: pass the results.json of compare runs of the same suite", file=sys.stderr)
+              f"{args.baseline_dir}/{hardware}/ (with --add, counting the runs stored there): pass the results.json "
+              "of compare runs of the same suite", file=sys.stderr)
         return 2
     print(calibration.table(calibrated))
     if args.dry_run:
         return 0
-    written = calibration.write(Path(args.baseline_dir), hardware, model, calibrated, len(runs), args.alpha)
-    print(f"calibrated {len(calibrated)} metrics of {len(written)} baselines from {len(runs)} runs "
+    total = max(len(a.deviations) for a in calibrated)  # with --add, the stored runs and these
+    written = calibration.write(root, hardware, model, calibrated, total, args.alpha)
+    print(f"calibrated {len(calibrated)} metrics of {len(written)} baselines from {total} runs "
           f"(alpha {args.alpha} over the suite)")
     return 0
 
 
-def _session(runs: list[dict[str, Any]], paths: list[str]) -> tuple[str, str, dict[str, float]]:
+def _session(runs: list[dict[str, Any]], paths: list[str], add: bool) -> tuple[str, str, dict[str, float]]:
     """The hardware class, model and per-metric tolerances every run shares."""
-    if len(runs) < calibration.MIN_RUNS:
+    if len(runs) < calibration.MIN_RUNS and not add:
         raise ValueError(f"a calibration needs at least {calibration.MIN_RUNS} runs, got {len(runs)}")
     sessions = [(r["session"]["hardware"], r["session"]["model"]) for r in runs]
     if len(set(sessions)) > 1:

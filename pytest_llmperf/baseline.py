@@ -153,6 +153,8 @@ class Entry:
     # per metric, the least allowance unchanged runs in other CI jobs showed it needs (`calibration.py`);
     # only a stored baseline has one, and recording it again drops it
     calibration: Mapping[str, float] = field(default_factory=dict)
+    # the deviations (worse +) of the runs that gave each allowance, so that later runs add to them
+    calibration_runs: Mapping[str, Sequence[float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "workload_hash": self.workload_hash, "deterministic": self.deterministic,
@@ -160,7 +162,9 @@ class Entry:
                 "noise": _rounded(self.noise), "passes": self.passes, "engine": self.engine,
                 "samples": dict(self.samples), "pass_metrics": [_rounded(p) for p in self.pass_metrics],
                 **({"timeline": dict(self.timeline)} if self.timeline else {}),
-                **({"calibration": dict(self.calibration)} if self.calibration else {})}
+                **({"calibration": dict(self.calibration)} if self.calibration else {}),
+                **({"calibration_runs": {k: list(v) for k, v in self.calibration_runs.items()}}
+                   if self.calibration_runs else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Entry:
@@ -168,7 +172,8 @@ class Entry:
                    [dict(p) for p in d.get("per_repeat", [])], dict(d.get("noise", {})), int(d.get("passes", 1)),
                    str(d.get("engine", "")), {k: int(v) for k, v in d.get("samples", {}).items()},
                    [dict(p) for p in d.get("pass_metrics", [])], dict(d.get("timeline", {})),
-                   {k: float(v) for k, v in d.get("calibration", {}).items()})
+                   {k: float(v) for k, v in d.get("calibration", {}).items()},
+                   {k: [float(x) for x in v] for k, v in d.get("calibration_runs", {}).items()})
 
     def each_pass(self) -> list[Mapping[str, float]]:
         """The timing metrics of each pass: recorded ones, or this entry's own when it is one pass."""

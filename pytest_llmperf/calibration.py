@@ -16,6 +16,11 @@ with M the number of calibrated metrics of the whole suite, so that the suite's 
 that metric more tightly (`baseline._row`); the tolerance, the repeat spread and a percentile's own
 uncertainty can still judge it more loosely. Recording a test again drops its calibration (the deviations
 were measured from the old values): calibrate again after an update.
+
+Each allowance is stored with the deviations that gave it, so that runs of other machines and days can
+be added later (`calibrate --add`): the bound is then computed again over all of them, and M over the
+whole suite. Runs of a few machines do not know the next one (ten runs from lent H200s were too narrow
+for the next machine's TTFT), so a calibration that keeps growing is the one to trust.
 """
 
 from __future__ import annotations
@@ -87,6 +92,27 @@ def deviations(root: Path, hardware: str, model: str, runs: Sequence[Mapping[str
     return out
 
 
+def stored_deviations(root: Path, hardware: str, model: str) -> dict[tuple[str, str, str], list[float]]:
+    """(test, label, metric) -> the deviations each stored calibration of this class and model came from."""
+    out: dict[tuple[str, str, str], list[float]] = {}
+    folder = bl.path_for(root, "x", hardware, model).parent
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        doc = bl.load(path)
+        for entry in doc["entries"] if doc else []:
+            for metric, runs in entry.get("calibration_runs", {}).items():
+                out[(doc["test"], entry["label"], metric)] = [float(d) for d in runs]
+    return out
+
+
+def merged(stored: Mapping[tuple[str, str, str], Sequence[float]],
+           new: Mapping[tuple[str, str, str], Sequence[float]]) -> dict[tuple[str, str, str], list[float]]:
+    """The stored deviations with the new runs' appended, per metric."""
+    out = {key: list(d) for key, d in stored.items()}
+    for key, d in new.items():
+        out.setdefault(key, []).extend(d)
+    return out
+
+
 def allowances(found: Mapping[tuple[str, str, str], Sequence[float]], alpha: float = ALPHA) -> list[Allowance]:
     """The allowance of every metric that at least MIN_RUNS runs measured; M counts those."""
     enough = {key: tuple(d) for key, d in found.items() if len(d) >= MIN_RUNS}
@@ -106,10 +132,12 @@ def write(root: Path, hardware: str, model: str, calibrated: Sequence[Allowance]
         if stored is None:
             continue
         for entry in stored["entries"]:
-            mine = {a.metric: round(a.allowance, 4) for a in items if a.label == entry["label"]}
+            mine = [a for a in items if a.label == entry["label"]]
             entry.pop("calibration", None)
+            entry.pop("calibration_runs", None)
             if mine:
-                entry["calibration"] = mine
+                entry["calibration"] = {a.metric: round(a.allowance, 4) for a in mine}
+                entry["calibration_runs"] = {a.metric: [round(d, 4) for d in a.deviations] for a in mine}
         stored["calibrated"] = {"runs": runs, "alpha": alpha, "comparisons": len(calibrated)}
         bl.write(path, stored)
         written.append(path)

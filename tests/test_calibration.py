@@ -85,6 +85,18 @@ def test_calibrate_stores_each_metrics_allowance_from_unchanged_runs_and_an_upda
     assert set(entry["calibration"]) == {"output_tokens_per_s", "requests_per_s", "p50_ttft_ms", "p50_tpot_ms"}
     assert stored["calibrated"] == {"runs": 3, "alpha": 0.05, "comparisons": 4}
     assert "calibrated 4 metrics of 1 baselines from 3 runs" in done.stdout
+    assert {len(d) for d in entry["calibration_runs"].values()} == {3}  # what gave each allowance
+
+    # one more unchanged run, another day or machine, joins the three: the bound is computed over all four
+    pytester.runpytest_inprocess("--llmperf-engine=hf", "--llmperf-baseline=compare", "--llmperf-report=run3")
+    added = _cli("calibrate", str(pytester.path / "run3" / "results.json"), "--baseline-dir", base, "--add")
+    assert added.returncode == 0, added.stderr
+    stored = json.loads(path.read_text())
+    (entry,) = stored["entries"]
+    assert stored["calibrated"] == {"runs": 4, "alpha": 0.05, "comparisons": 4}
+    for metric, runs in entry["calibration_runs"].items():
+        assert len(runs) == 4
+        assert entry["calibration"][metric] == pytest.approx(calibration.bound(runs, 4), abs=1e-4)
 
     pytester.runpytest_inprocess("--llmperf-engine=hf", "--llmperf-baseline=update").assert_outcomes(passed=1)
     assert "calibration" not in path.read_text()
@@ -103,5 +115,8 @@ def test_calibrate_refuses_what_cannot_calibrate(tmp_path):
     assert mixed.returncode == 2 and "different hardware classes or models" in mixed.stderr
     nothing = _cli("calibrate", run("cpu"), run("cpu"), run("cpu"), "--baseline-dir", str(tmp_path / "none"))
     assert nothing.returncode == 2 and "no metric was measured by 3 of these runs" in nothing.stderr
+    # one run added to baselines that hold no earlier runs: still fewer than 3 deviations per metric
+    one_added = _cli("calibrate", run("cpu"), "--add", "--baseline-dir", str(tmp_path / "none"))
+    assert one_added.returncode == 2 and "no metric was measured by 3" in one_added.stderr
     unreadable = _cli("calibrate", run("cpu"), run("cpu"), str(tmp_path / "missing.json"))
     assert unreadable.returncode == 2 and "not a readable results file" in unreadable.stderr
