@@ -285,8 +285,13 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("_")[:180]
 
 
+def folder_for(root: Path, hardware: str, model: str) -> Path:
+    """Where the baselines of one hardware class and model live."""
+    return root / slug(hardware) / slug(model)
+
+
 def path_for(root: Path, test_id: str, hardware: str, model: str) -> Path:
-    return root / slug(hardware) / slug(model) / f"{slug(test_id)}.json"
+    return folder_for(root, hardware, model) / f"{slug(test_id)}.json"
 
 
 def load(path: Path) -> dict[str, Any] | None:

@@ -95,7 +95,7 @@ def deviations(root: Path, hardware: str, model: str, runs: Sequence[Mapping[str
 def stored_deviations(root: Path, hardware: str, model: str) -> dict[tuple[str, str, str], list[float]]:
     """(test, label, metric) -> the deviations each stored calibration of this class and model came from."""
     out: dict[tuple[str, str, str], list[float]] = {}
-    folder = bl.path_for(root, "x", hardware, model).parent
+    folder = bl.folder_for(root, hardware, model)
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         doc = bl.load(path)
         for entry in doc["entries"] if doc else []:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from . import activation, judging, markers, options, properties, pytest_benchmark_bridge, selection, soak
-from .baseline import slug
+from .baseline import folder_for
 from .engines import registry
 from .fixtures import (  # noqa: F401 - pytest finds a plugin's fixtures in its module
     check_server,
@@ -77,7 +77,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     gate = state.gate
     if not (gate.root.is_dir() or options.asked(config)):
         return None
-    folder = gate.root / slug(gate.hardware) / slug(gate.model)
+    folder = folder_for(gate.root, gate.hardware, gate.model)
     stored = len(list(folder.glob("*.json"))) if folder.is_dir() else 0
     where = folder.relative_to(config.rootpath) if folder.is_relative_to(config.rootpath) else folder
     others = sorted(p.name for p in gate.root.iterdir() if p.is_dir()) if gate.root.is_dir() else []
