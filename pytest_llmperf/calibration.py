@@ -98,9 +98,9 @@ def stored_deviations(root: Path, hardware: str, model: str) -> dict[tuple[str, 
     folder = bl.folder_for(root, hardware, model)
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         doc = bl.load(path)
-        for entry in doc["entries"] if doc else []:
-            for metric, runs in entry.get("calibration_runs", {}).items():
-                out[(doc["test"], entry["label"], metric)] = [float(d) for d in runs]
+        for entry in map(bl.Entry.from_dict, doc["entries"] if doc else []):
+            for metric, runs in entry.calibration_runs.items():
+                out[(doc["test"], entry.label, metric)] = list(runs)
     return out
 
 
