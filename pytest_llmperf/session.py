@@ -74,7 +74,8 @@ class Session:
                 "gpus": [asdict(g) for g in self.gpus],
                 "baseline_mode": self.gate.mode, "tolerance": [self.gate.tolerance, dict(self.gate.tolerances)],
                 "warmup": self.warmup, "engine_config": self.engine_defaults,
-                "time_to_verdict_s": {**self.pool.times.summary(), "engine_starts": self.pool.starts}}
+                "time_to_verdict_s": {**self.pool.times.summary(), "engine_starts": self.pool.starts,
+                                      "each_start": [list(s) for s in self.pool.start_seconds]}}
 
     def model(self, spec: str | None = None) -> ModelSpec:
         """The session's model (`--llmperf-model`), or `spec` (a test's `llmperf_model`), resolved once."""

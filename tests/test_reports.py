@@ -35,6 +35,8 @@ def test_report_files_step_summary_and_pytest_benchmark(pytester, monkeypatch):
     # time to verdict, split by phase: one engine start, one warm-up pass, three measured passes
     t = doc["session"]["time_to_verdict_s"]
     assert t["engine_starts"] == 1 and min(t["engine start"], t["warm-up"], t["measurement"]) > 0
+    ((engine, model, seconds),) = t["each_start"]  # which configuration took how long to start
+    assert engine == "hf" and model and 0 < seconds <= t["engine start"]
     assert t["wall"] >= t["engine start"] + t["warm-up"] + t["measurement"] + t["engine stop"] + t["plots"]
     assert t["plots"] > 0 and t["bandwidth probe"] == 0  # pictures asked for; no GPU to probe
     line = next(x for x in result.stdout.lines if x.startswith("time to verdict: "))

@@ -176,6 +176,8 @@ class EnginePool:
         self._stopper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmperf-engine-stop")
         self._stopping: list[Future[None]] = []
         self.starts = 0
+        # (engine, model, seconds) of every start, so a slow gate shows which configuration to share or cut
+        self.start_seconds: list[tuple[str, str, float]] = []
         # how each engine this pool started was asked for, so a closed one can be started again
         self._made: weakref.WeakKeyDictionary[Engine, tuple[str, ModelSpec, dict[str, Any]]] = weakref.WeakKeyDictionary()
         atexit.register(self.close)  # also on Ctrl-C and crashes that skip pytest's own teardown
@@ -186,6 +188,7 @@ class EnginePool:
             return self._engine
         self._retire()
         cls = engine_class(name, self.engines)
+        began = time.perf_counter()
         try:
             with self.times.timed("engine start"):
                 self._engine = cls(model, dict(config))
@@ -193,6 +196,7 @@ class EnginePool:
             self._wait_for_stops()  # the engine before it is gone before this one measures anything
         self._key = key
         self.starts += 1
+        self.start_seconds.append((name, model.name, round(time.perf_counter() - began, 2)))
         self._made[self._engine] = (name, model, dict(config))
         return self._engine
 
