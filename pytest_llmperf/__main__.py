@@ -56,9 +56,10 @@ def _calibrate(args: argparse.Namespace) -> int:
         runs = [load(path) for path in args.runs]
         hardware, model, tolerances = _session(runs, args.runs, args.add)
         root = Path(args.baseline_dir)
-        found = calibration.deviations(root, hardware, model, runs, tolerances)
         if args.add:
-            found = calibration.merged(calibration.stored_deviations(root, hardware, model), found)
+            found = _added(root, hardware, model, runs, args.runs, tolerances)
+        else:
+            found = calibration.deviations(root, hardware, model, runs, tolerances)
         calibrated = calibration.allowances(found, args.alpha)
     except (ValueError, BaselineError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -76,6 +77,19 @@ def _calibrate(args: argparse.Namespace) -> int:
     print(f"calibrated {len(calibrated)} metrics of {len(written)} baselines from {total} runs "
           f"(alpha {args.alpha} over the suite)")
     return 0
+
+
+def _added(root: Path, hardware: str, model: str, runs: list[dict[str, Any]], paths: list[str],
+           tolerances: dict[str, float]) -> dict[tuple[str, str, str], list[float]]:
+    """The stored calibration runs with these joined, each refused if it is already among them."""
+    found = calibration.stored_deviations(root, hardware, model)
+    for path, run in zip(paths, runs):
+        own = calibration.deviations(root, hardware, model, [run], tolerances)
+        if calibration.seen_before(found, own):
+            raise ValueError(f"{path}: every deviation of this run is already stored in the calibration of "
+                             f"{root}/{hardware}/ (added before, or given twice): leave it out")
+        found = calibration.merged(found, own)
+    return found
 
 
 def _session(runs: list[dict[str, Any]], paths: list[str], add: bool) -> tuple[str, str, dict[str, float]]:

@@ -113,6 +113,15 @@ def merged(stored: Mapping[tuple[str, str, str], Sequence[float]],
     return out
 
 
+def seen_before(stored: Mapping[tuple[str, str, str], Sequence[float]],
+                run: Mapping[tuple[str, str, str], Sequence[float]]) -> bool:
+    """Whether one run's every deviation already sits among the stored ones of its metric (to the four
+    decimals they are stored with): the same results.json added again. A new run of a suite matching the
+    stored runs on every metric by chance is not to be expected; the file keeps no run names."""
+    keys = [key for key in run if key in stored]
+    return bool(keys) and all(any(abs(d - s) <= 5.1e-5 for s in stored[key]) for key in keys for d in run[key])
+
+
 def allowances(found: Mapping[tuple[str, str, str], Sequence[float]], alpha: float = ALPHA) -> list[Allowance]:
     """The allowance of every metric that at least MIN_RUNS runs measured; M counts those."""
     enough = {key: tuple(d) for key, d in found.items() if len(d) >= MIN_RUNS}

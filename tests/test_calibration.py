@@ -99,6 +99,11 @@ def test_calibrate_stores_each_metrics_allowance_from_unchanged_runs_and_an_upda
         # both are stored to 4 decimals, and t(0.9875, 3) * sqrt(5/4) = 4.7 magnifies the rounding of the runs
         assert entry["calibration"][metric] == pytest.approx(calibration.bound(runs, 4), abs=1e-3)
 
+    # the same run added again would count its deviations twice: refused, nothing written
+    again = _cli("calibrate", str(pytester.path / "run3" / "results.json"), "--baseline-dir", base, "--add")
+    assert again.returncode == 2 and "already stored in the calibration" in again.stderr
+    assert json.loads(path.read_text()) == stored
+
     pytester.runpytest_inprocess("--llmperf-engine=hf", "--llmperf-baseline=update").assert_outcomes(passed=1)
     assert "calibration" not in path.read_text()
 
