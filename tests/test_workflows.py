@@ -68,6 +68,19 @@ def test_update_baselines_records_what_the_perf_gate_judges():
     assert "pytest_llmperf calibrate calibration/run*/results.json" in calibrate["run"]
 
 
+def test_the_weekly_calibration_compares_as_the_gate_judges_and_adds_to_the_stored_runs():
+    gate, grow = job("perf-gate.yml", "perf"), job("grow-calibration.yml", "grow")
+    assert grow["env"]["PERF_TESTS"] == gate["env"]["PERF_TESTS"]
+    assert grow["strategy"]["matrix"]["hardware"] == gate["strategy"]["matrix"]["hardware"]
+    gate_args, grow_args = shlex.split(gate["env"]["PERF_ARGS"]), shlex.split(grow["env"]["GATE_ARGS"])
+    assert [a for a in grow_args if "baseline=" not in a] == [a for a in gate_args if "baseline=" not in a
+                                                              and "paging=" not in a]
+    assert "--llmperf-baseline=compare" in grow_args
+    compare, add = grow["steps"][1], grow["steps"][2]
+    assert "-m ${{ matrix.hardware }} $GATE_ARGS --llmperf-report=calibration/run" in compare["run"]
+    assert add["run"].endswith("calibrate calibration/run/results.json --baseline-dir baselines --add")
+
+
 def test_make_test_runs_the_shipped_suite_strictly_against_the_shipped_cpu_baselines():
     make = (ROOT / "Makefile").read_text()
     assert "PERF_GATE ?= --llmperf-baseline=require" in make and "$(MAKE) perf-gate" in make
