@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -297,19 +298,35 @@ print(2 * n * 20 / (start.elapsed_time(end) / 1e3))  # each copy reads and write
 """
 
 
-def measure_bandwidth(index: int, timeout_s: float = 120.0) -> float | None:
-    """Device memory bandwidth (bytes/s) from 1 GiB device-to-device copies, in a child process so that
-    no CUDA context stays behind in this one; None where it cannot be measured."""
-    import subprocess
-    import sys
-
+def start_bandwidth_probe(index: int) -> subprocess.Popen[str] | None:
+    """Device memory bandwidth from 1 GiB device-to-device copies, measured in a child process (so that
+    no CUDA context stays behind in this one) that runs while the caller goes on; `bandwidth_of` ends it."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(index)}
     try:
-        out = subprocess.run([sys.executable, "-c", _BANDWIDTH_PROBE], capture_output=True, text=True,
-                             timeout=timeout_s, env=env)
-        return float(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
-    except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
+        return subprocess.Popen([sys.executable, "-c", _BANDWIDTH_PROBE], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True, env=env)
+    except OSError:
         return None
+
+
+def bandwidth_of(probe: subprocess.Popen[str] | None, timeout_s: float = 120.0) -> float | None:
+    """The probe's bandwidth (bytes/s) once it ended; None where it could not measure."""
+    if probe is None:
+        return None
+    try:
+        out, _ = probe.communicate(timeout=timeout_s)
+        return float(out.strip().splitlines()[-1]) if probe.returncode == 0 else None
+    except subprocess.TimeoutExpired:
+        probe.kill()
+        probe.communicate()
+        return None
+    except (ValueError, IndexError):
+        return None
+
+
+def measure_bandwidth(index: int, timeout_s: float = 120.0) -> float | None:
+    """Device memory bandwidth (bytes/s), waited for; None where it cannot be measured."""
+    return bandwidth_of(start_bandwidth_probe(index), timeout_s)
 
 
 # -- claiming this process's GPUs ---------------------------------------------------------------

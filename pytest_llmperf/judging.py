@@ -148,9 +148,9 @@ def _gate(test_id: str, perf: LLMPerf, state: Session, tolerance_marks: list[dic
 
 
 # -- the test's record -----------------------------------------------------------------------------------
-def record(item: pytest.Item, perf: LLMPerf, outcome: str, judgement: Judgement) -> tuple[TestRecord, list[tuple[str, str]]]:
-    """What the reports keep of a test (results.json, summary.md, the terminal table), and notes for its
-    report (a plot that could not be drawn)."""
+def record(item: pytest.Item, perf: LLMPerf, outcome: str, judgement: Judgement) -> TestRecord:
+    """What the reports keep of a test (results.json, summary.md, the terminal table); its pictures are
+    planned here and drawn at the session's end."""
     state = item.config.stash[SESSION]
     verdict = judgement.verdict
     results = [result_record(gating.result_entry(run, i), run.result.to_dict(), run.workload.to_dict())
@@ -163,11 +163,11 @@ def record(item: pytest.Item, perf: LLMPerf, outcome: str, judgement: Judgement)
     gated = gate_option(item)
     rec.gated = sorted(gated) if gated is not None else None
     rec.limits = assertions.margins(item.stash.get(LIMITS, []), [r for r in perf.results if r.label not in perf.sweep_labels])
-    notes: list[tuple[str, str]] = []
-    if state.report_dir is not None:
-        with state.pool.times.timed("plots"):
-            rec.plots, notes = _plots(item.nodeid, perf, state.report_dir, verdict)
-    return rec, notes
+    if state.report_dir is not None:  # drawn when the session's tests are done (draw_pictures)
+        planned = _pictures(item.nodeid, perf, state.report_dir, verdict)
+        state.pictures += planned
+        rec.plots = [str(p.path.relative_to(state.report_dir)) for p in planned]
+    return rec
 
 
 def junit_properties(perf: LLMPerf) -> list[tuple[str, float]]:
@@ -180,16 +180,27 @@ def junit_properties(perf: LLMPerf) -> list[tuple[str, float]]:
     return out
 
 
-def _plots(test_id: str, perf: LLMPerf, report_dir: Path,
-           verdict: gating.Verdict | None) -> tuple[list[str], list[tuple[str, str]]]:
-    from . import plots  # matplotlib only when pictures are asked for
+def _pictures(test_id: str, perf: LLMPerf, report_dir: Path, verdict: gating.Verdict | None) -> list[Any]:
+    from . import plots  # matplotlib only when pictures are drawn
+
+    timelines = []
+    for label, (old, new) in (verdict.timelines if verdict is not None else {}).items():
+        a, b = Timeline.from_dict(old), Timeline.from_dict(new)
+        timelines.append((label, a, b, divergence_step(a, b)))
+    return plots.pictures(slug(test_id), perf.results, perf.sweeps, report_dir / "plots", timelines)
+
+
+def draw_pictures(state: Session) -> list[str]:
+    """Every picture the session's tests planned, drawn side by side once no engine measures; why each
+    that failed could not be drawn (a picture must never fail a measured test)."""
+    if not state.pictures:
+        return []
+    from . import plots
 
     try:
-        written = plots.for_test(slug(test_id), perf.results, perf.sweeps, report_dir / "plots")
-        for label, (old, new) in (verdict.timelines if verdict is not None else {}).items():
-            a, b = Timeline.from_dict(old), Timeline.from_dict(new)
-            written.append(plots.timelines_overlaid(label, a, b, report_dir / "plots" / f"{slug(test_id)}-{label}"
-                                                    "-paging-timeline.png", divergence_step(a, b)))
-    except Exception as e:  # noqa: BLE001 - a picture that cannot be drawn must not fail a measured test
-        return [], [("llmperf plots", f"plots not drawn: {type(e).__name__}: {e}")]
-    return [str(p.relative_to(report_dir)) for p in written], []
+        with state.pool.times.timed("plots"):
+            return plots.draw_all(state.pictures)
+    except Exception as e:  # noqa: BLE001 - the verdicts and the report go on without pictures
+        return [f"none drawn: {type(e).__name__}: {e}"]
+    finally:
+        state.pictures.clear()

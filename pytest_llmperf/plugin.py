@@ -58,6 +58,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     activation.deactivate(config)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session) -> Iterator[None]:
+    with session.config.stash[SESSION].pool.times.timed("collection"):
+        return (yield)
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the hardware marker must be there to be selected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if any(selection.uses_plugin(item) for item in items):
@@ -106,7 +112,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if call.when != "call":
         return report
     try:
-        _judge_report(item, report)
+        with item.config.stash[SESSION].pool.times.timed("judging"):
+            _judge_report(item, report)
     except Exception as e:  # an input no check foresaw, or a fault of the plugin: this test fails, the session goes on
         report.outcome = "failed"
         report.longrepr = (f"llmperf: {item.nodeid}: could not judge this test ({type(e).__name__}: {e}); the other "
@@ -132,9 +139,7 @@ def _judge_report(item: pytest.Item, report: pytest.TestReport) -> None:
     server_log_on_failure(item, report)
     notes = list(judgement.notes)
     if perf is not None and perf.results:
-        record, plot_notes = judging.record(item, perf, report.outcome, judgement)
-        report.llmperf_record = asdict(record)
-        notes += plot_notes
+        report.llmperf_record = asdict(judging.record(item, perf, report.outcome, judgement))
         pytest_benchmark_bridge.add(item, perf)
     report.sections.extend(notes)
 
@@ -164,6 +169,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = session.config.stash.get(SESSION, None)
     if state is not None:
         state.pool.close()
+        state.picture_errors += judging.draw_pictures(state)
         if activation.is_active(session.config):  # a session that never used the plugin keeps its output
             activation.show_engine_output(session.config)
         activation.summarize_if_terminated(session.config, exitstatus)
@@ -179,6 +185,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         tr.write_line(line)
     tr.write_line(f"engines started: {state.pool.starts}; hardware class: {state.hardware}; model: {state.model_spec}")
     tr.write_line(state.pool.times.line(state.pool.starts))
+    if state.picture_errors:
+        tr.write_line(f"llmperf plots: {len(state.picture_errors)} not drawn, e.g. {state.picture_errors[0]}", yellow=True)
     if state.report_dir is not None and not hasattr(config, "workerinput"):  # xdist: the controller writes
         try:
             paths = write_report(state.report_dir, state.records, state.describe())

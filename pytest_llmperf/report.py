@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +130,8 @@ def baseline_counts(records: Sequence[TestRecord]) -> str:
 
 def write(directory: Path, records: Sequence[TestRecord], session: Mapping[str, Any]) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
+    # a record names only the pictures that exist: one that failed, or a session stopped before they were drawn
+    records = [replace(r, plots=[p for p in r.plots if (directory / p).exists()]) for r in records]
     results, summary = directory / "results.json", directory / "summary.md"
     results.write_text(json.dumps(strict_json(document(records, session)), indent=1, sort_keys=True, default=str,
                                   allow_nan=False) + "\n")

@@ -7,18 +7,21 @@ import weakref
 from collections.abc import MutableMapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from . import gating, markers
 from .assertions import Limit, MarkerError
-from .engines.base import Engine, EnginePool
-from .gpu import GpuInfo, measure_bandwidth
+from .engines.base import Engine, EnginePool, engine_class
+from .gpu import GpuInfo, bandwidth_of, measure_bandwidth, start_bandwidth_probe
 from .models import ModelSpec, footprint, model_config, resolve_model
 from .report import TestRecord
 from .runner import LLMPerf
 from .trace import Roofline
+
+if TYPE_CHECKING:
+    from .plots import Picture
 
 
 @dataclass
@@ -48,6 +51,8 @@ class Session:
     server_deaths_reported: set[int] = field(default_factory=set)  # pids of servers whose death failed a test
     bandwidth: float | None = None  # bytes/s of this GPU's memory, measured on first use (0: not measurable)
     footprints: dict[tuple[str, str], tuple[int, int] | None] = field(default_factory=dict)  # (path, dtype)
+    pictures: list[Picture] = field(default_factory=list)  # planned by judged tests, drawn at the session's end
+    picture_errors: list[str] = field(default_factory=list)  # why a picture could not be drawn
 
     def roofline(self, engine: Engine) -> Roofline | None:
         """The engine's memory-bandwidth floor on this GPU: its weights and KV bytes per token from the
@@ -88,7 +93,24 @@ class Session:
         # CLI/ini engine options are written for the session's engine; another engine (hf beside vLLM
         # in a comparison test) would reject them
         defaults = self.engine_defaults if name == self.engine_name else {}
+        if self.gpu is not None and self.bandwidth is None:
+            self._probe_beside_imports(name)
         return self.pool.get(name, self.model(model), {**self.engine_settings.get(name, {}), **defaults, **config})
+
+    def _probe_beside_imports(self, name: str) -> None:
+        """The GPU's bandwidth probe (a child process that starts CUDA: seconds) runs while the first
+        engine's modules are imported (seconds more, in this process, on no device), and ends before
+        any engine touches the card, so that neither sees the other in its memory or its timing."""
+        cls = engine_class(name, self.engines)
+        if not cls.holds_device:
+            return
+        probe = start_bandwidth_probe(self.gpu.index) if self.gpu is not None else None
+        try:
+            with self.pool.times.timed("engine start"):
+                cls.preload()
+        finally:
+            with self.pool.times.timed("bandwidth probe"):
+                self.bandwidth = bandwidth_of(probe) or 0.0
 
 
 SESSION = pytest.StashKey[Session]()

@@ -1,37 +1,51 @@
 """Where a session's wall time goes: engine starts and stops, warm-up, measured passes, passes measured
-again to tell noise from a regression, the GPU's bandwidth probe, and the plots drawn for `--llmperf-report`.
+again to tell noise from a regression, the GPU's bandwidth probe, the plots drawn for `--llmperf-report`,
+collecting the tests, and judging them (baselines, limits, records).
 
-The rest of the wall time (collection, pytest itself, judging, reports) is what is left over. Shown in
-the terminal summary and `results.json` as the time to verdict, so that a slow gate shows what to cut.
+The rest of the wall time (pytest itself, the reports) is what is left over. Shown in the terminal
+summary and `results.json` as the time to verdict, so that a slow gate shows what to cut. Phases nest
+(judging a test may measure it again, which may start an engine): a second counts in the innermost
+phase only, so the phases and the rest add up to the wall time.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
-PHASES = ("engine start", "warm-up", "measurement", "re-measurement", "engine stop", "bandwidth probe", "plots")
+PHASES = ("engine start", "warm-up", "measurement", "re-measurement", "engine stop", "bandwidth probe", "plots",
+          "collection", "judging")
 # shown in the line only where they took time: a session without a GPU or without a report has none
-OPTIONAL = ("bandwidth probe", "plots")
+OPTIONAL = ("bandwidth probe", "plots", "collection", "judging")
 
 
 @dataclass
 class PhaseTimes:
     started: float = field(default_factory=time.perf_counter)
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    clock: Callable[[], float] = time.perf_counter
+    _open: list[list[Any]] = field(default_factory=list)  # [phase, since] of the phases entered, innermost last
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:
-        t = time.perf_counter()
+        now = self.clock()
+        if self._open:  # the enclosing phase pauses while this one runs
+            outer = self._open[-1]
+            self.seconds[outer[0]] += now - outer[1]
+        self._open.append([phase, now])
         try:
             yield
         finally:
-            self.seconds[phase] += time.perf_counter() - t
+            now = self.clock()
+            self.seconds[phase] += now - self._open.pop()[1]
+            if self._open:
+                self._open[-1][1] = now
 
     def summary(self) -> dict[str, float]:
-        wall = time.perf_counter() - self.started
+        wall = self.clock() - self.started
         spent = {k: round(v, 2) for k, v in self.seconds.items()}
         return {"wall": round(wall, 2), **spent, "other": round(max(wall - sum(self.seconds.values()), 0.0), 2)}
 
@@ -41,4 +55,4 @@ class PhaseTimes:
                 f"warm-up {s['warm-up']:.0f} s, measurement {s['measurement']:.0f} s, re-measurement "
                 f"{s['re-measurement']:.0f} s, engine stop {s['engine stop']:.0f} s, "
                 + "".join(f"{phase} {s[phase]:.0f} s, " for phase in OPTIONAL if s[phase])
-                + f"other (pytest, judging, reports) {s['other']:.0f} s")
+                + f"other (pytest, reports) {s['other']:.0f} s")

@@ -87,3 +87,32 @@ class FakeStoppingEngine(Engine):
         self.log.append(f"stop {self._config['id']}" + (" (beside a start)" if overlapped else ""))
         if self._config.get("stop_error"):
             raise self._config["stop_error"]
+
+
+class FakeProbedEngine(Engine):
+    """A FAKE engine for plugin mechanics (the GPU's bandwidth probe beside the first engine's imports):
+    it logs, at its preload and at its start, which of the probe processes in `probes` still run."""
+
+    name, version = "fake", "0"
+    max_model_len, vocab_size = 4096, 1000
+    model = None
+    probes: list = []
+    log: list = []
+
+    @classmethod
+    def preload(cls):
+        cls.log.append(("preload", [p.poll() is None for p in cls.probes]))
+
+    def __init__(self, model, config):
+        self._config = config
+        self.log.append(("start", [p.poll() is None for p in self.probes]))
+
+    @property
+    def config(self):
+        return dict(self._config)
+
+    def run(self, workload, salt=0):
+        raise NotImplementedError("never measured: a probe test only starts it")
+
+    def shutdown(self):
+        pass

@@ -214,3 +214,35 @@ def test_an_engine_spread_over_more_gpus_than_the_worker_has_fails_with_what_to_
         LLMPerf(gpu_index=0).run(TwoGpuFake([0.05]), WORKLOAD, warmup=False)
     r = LLMPerf(gpu_index=0, gpu_indices=(0, 1), gpu_interval_s=0.001).run(TwoGpuFake([0.05]), WORKLOAD, warmup=False)
     assert r.gpu.devices == 2 and r.gpu.memory_peak_per_gpu_gib == (2.0, 3.0)
+
+
+def test_the_bandwidth_probe_runs_beside_the_first_engines_imports_and_ends_before_it_starts(monkeypatch):
+    """Mechanics (a stand-in probe process that sleeps, and a FAKE engine): the probe runs while the
+    first engine's modules are imported, has ended before that engine starts, and runs once a session."""
+    import subprocess
+    import sys
+
+    from fake_engine import FakeProbedEngine
+
+    from pytest_llmperf import session as sess
+    from pytest_llmperf.engines.base import EnginePool
+    from pytest_llmperf.gpu import GpuInfo
+
+    def probe(index):
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1); print(2e12)"], stdout=subprocess.PIPE,
+                             text=True)
+        FakeProbedEngine.probes.append(p)
+        return p
+
+    monkeypatch.setattr(sess, "start_bandwidth_probe", probe)
+    monkeypatch.setattr(FakeProbedEngine, "probes", [])
+    monkeypatch.setattr(FakeProbedEngine, "log", [])
+    engines = {"fake": "fake_engine:FakeProbedEngine"}
+    state = sess.Session(engine_name="fake", model_spec="shape:tiny-llama", engine_defaults={}, hardware="h200",
+                         gpu=GpuInfo(0, "NVIDIA H200", "h200", 139.8, "-", "-", "9.0"), gate=None, engines=engines,
+                         pool=EnginePool(engines=engines))
+    state.engine("fake", {"id": 1})
+    state.engine("fake", {"id": 2})
+    assert FakeProbedEngine.log == [("preload", [True]), ("start", [False]), ("start", [False])]
+    assert state.bandwidth == 2e12
+    assert state.pool.times.seconds["bandwidth probe"] > 0 and state.pool.starts == 2

@@ -80,3 +80,18 @@ def test_the_picture_overlays_both_timelines(tmp_path):
     assert divergence_step(old, new) == 4 and divergence_step(old, old) is None
     path = plots.timelines_overlaid("0", old, new, tmp_path / "t.png", divergence_step(old, new))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_pictures_drawn_side_by_side_and_one_that_fails_loses_no_other(tmp_path):
+    """The session's pictures are drawn at its end in child processes; a picture that cannot be drawn
+    is named, and the others are still drawn."""
+    from pytest_llmperf import plots
+
+    old, new = Timeline.of(BASE), Timeline.of([*BASE[:4], sample(4, 2, 13)])
+    good = [plots.Picture("timelines_overlaid", tmp_path / "sub" / f"t{k}.png", ("0", old, new), {"diverged_at": 4})
+            for k in range(3)]
+    bad = plots.Picture("kv_timeline", tmp_path / "bad.png", ("not a result",))
+    errors = plots.draw_all([*good, bad], workers=2)
+    assert all(p.path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in good)
+    (error,) = errors
+    assert error.startswith("bad.png: AttributeError") and not (tmp_path / "bad.png").exists()

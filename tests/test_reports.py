@@ -63,6 +63,20 @@ def test_the_time_to_verdict_line_names_every_phase_that_took_time():
     assert "engine stop 0 s, bandwidth probe 6 s, other" in times.line(2)
 
 
+def test_nested_phases_count_each_second_once():
+    """Judging a test may measure it again, and that may start an engine: each second counts in the
+    innermost phase, so the phases never add up to more than the wall time."""
+    from pytest_llmperf.timing import PhaseTimes
+
+    clock = iter([0.0, 10.0, 12.0, 15.0, 16.0, 20.0])
+    times = PhaseTimes(started=0.0, clock=lambda: next(clock))
+    # 0-10 judging, 10-12 re-measurement, 12-15 engine start, 15-16 re-measurement
+    with times.timed("judging"), times.timed("re-measurement"), times.timed("engine start"):
+        pass
+    assert times.seconds["judging"] == 10.0 + 4.0  # and 16-20 judging again
+    assert times.seconds["re-measurement"] == 2.0 + 1.0 and times.seconds["engine start"] == 3.0
+
+
 def test_compare_cli_applies_the_baseline_rules(pytester):
     pytester.makepyfile(test_r=TEST)
     pytester.runpytest_inprocess("--llmperf-engine=hf", "--llmperf-report=old").assert_outcomes(passed=1)

@@ -109,6 +109,12 @@ class Engine(ABC):
         of this worker's devices and sums their energy and memory."""
         return gpus_of(self.config)
 
+    @classmethod
+    def preload(cls) -> None:
+        """Import what a start of this engine needs, touching no device: the session imports it while
+        the GPU's bandwidth probe runs. A missing package is left to the start, which says what to install."""
+        return None
+
     @abstractmethod
     def run(self, workload: Workload, salt: int = 0) -> RunTrace:
         """Drive one pass of `workload`; `salt` varies token ids so passes never share a prefix cache."""

@@ -10,6 +10,7 @@ the batch ends. That waste is what `kv.fragmentation` reports for a contiguous c
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import heapq
 import itertools
@@ -46,6 +47,12 @@ class _StepClock:
 
 class HFEngine(Engine):
     name = "hf"
+
+    @classmethod
+    def preload(cls) -> None:
+        with contextlib.suppress(ImportError):
+            import torch  # noqa: F401 - importing torch initialises no device
+            import transformers  # noqa: F401
 
     def __init__(self, model: ModelSpec, config: dict[str, Any]) -> None:
         unknown = set(config) - set(DEFAULTS)
