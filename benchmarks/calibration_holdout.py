@@ -12,6 +12,9 @@ fails is not yet a red run (the gate measures a suspect again); one that passes 
 With `--slower RUN/results.json ...`: runs with an injected slowdown, judged against the baselines
 calibrated from all N unchanged runs: each one a regression caught or missed.
 
+With `--as-shipped RUN/results.json ...`: runs the stored calibration never saw, judged against the
+baselines as they are (calibration included): the gate's own first pass, run by run.
+
 With `--scaled-loss 0.10`: each held-out run is also judged with every timing figure made that much
 worse (throughput times 0.9, latencies divided by 0.9). A proxy, not a measurement: a real slowdown
 does not stretch every latency alike (queueing grows more). It says whether the calibrated allowances
@@ -86,13 +89,28 @@ def calibrated_copy(src: Path, runs: list[dict[str, Any]], into: Path) -> Path:
     return root
 
 
+def as_shipped(root: Path, paths: list[str]) -> None:
+    """Each run's first pass against the stored baselines and their calibration, as the gate judged it."""
+    rows = [{"run": path, "failing": failing(root, load(path))} for path in paths]
+    for row in rows:
+        print(f"as shipped {row['run'][-40:]:<40} {len(row['failing']):>3} failing: {'; '.join(row['failing']) or '-'}")
+    red = sum(bool(row["failing"]) for row in rows)
+    print(f"{len(rows)} runs against the baselines as they are: {red} with a failing first pass")
+    emit("calibration_as_shipped", {"runs": len(rows), "red": red, "rows": rows})
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baselines", required=True)
     ap.add_argument("--slower", nargs="*", default=[])
     ap.add_argument("--scaled-loss", type=float, default=0.0, help="also judge each held-out run made this much slower")
-    ap.add_argument("runs", nargs="+")
+    ap.add_argument("--as-shipped", nargs="*", default=[], help="runs to judge against the baselines as they are")
+    ap.add_argument("runs", nargs="*")
     args = ap.parse_args(argv)
+    if args.as_shipped:
+        as_shipped(Path(args.baselines), args.as_shipped)
+    if not args.runs:
+        return 0
     runs = [load(p) for p in args.runs]
     rows, plain_red, cal_red, proxy_caught = [], 0, 0, 0
     print(f"{'held out':<40} {'uncalibrated':>12} {'calibrated':>10}  which (calibrated)")

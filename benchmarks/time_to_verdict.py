@@ -1,6 +1,7 @@
 """Time to verdict: the wall time of `pytest perf_tests`, split into engine start, warm-up, measurement,
-engine stop and the rest (collection, pytest, judging, reports), from the plugin's own phase clock
-(`results.json` -> session.time_to_verdict_s; the same line ends the terminal summary).
+re-measurement, engine stop, bandwidth probe, plots, collection, judging and the rest (pytest, reports),
+with each engine start's seconds, from the plugin's own phase clock (`results.json` ->
+session.time_to_verdict_s; the same line ends the terminal summary).
 
     python benchmarks/time_to_verdict.py [-- extra pytest arguments, e.g. -m "not slow"]
 Writes one JSON line to $OUT/time_to_verdict.jsonl when OUT is set.
