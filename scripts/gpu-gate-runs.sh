@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Unchanged gate runs back to back on the lent H200, as many as fit: `scripts/gpu-gate-runs.sh PREFIX
+# TOTAL_S [pytest options]` runs `scripts/gpu-gate.sh require PREFIX1`, PREFIX2, ... while a whole run
+# still fits in TOTAL_S seconds (a run is given at most 250 s, and a next one starts only with 150 s left:
+# a warm run takes about 140 s), cuts each results.json to what a comparison reads
+# (benchmarks/keep_run.py) and packs those, the logs' last lines and the time-to-verdict lines into
+# $OUT/runs.tgz (at most 8 files come back from the device).
+set -o pipefail
+prefix=$1 total=$2
+shift 2
+start=$(date +%s) k=0 labels=()
+mkdir -p "$OUT/kept"
+while :; do
+  left=$(( total - ($(date +%s) - start) ))
+  [ "$left" -ge 150 ] || break
+  k=$((k + 1)) label="$prefix$k"
+  labels+=("$label" "$label.log")
+  BUDGET_S=$(( left < 250 ? left : 250 )) scripts/gpu-gate.sh require "$label" "$@"
+  if [ -f "$OUT/$label/results.json" ]; then
+    python3 benchmarks/keep_run.py "$OUT/$label/results.json" "$OUT/kept/$label.json"
+    python3 -c "import json,sys; print(sys.argv[2], json.load(open(sys.argv[1]))['session']['time_to_verdict_s'])" \
+      "$OUT/$label/results.json" "$label" >> "$OUT/kept/time_to_verdict.txt"
+  fi
+  tail -40 "$OUT/$label.log" > "$OUT/kept/$label.tail.log"
+done
+(cd "$OUT" && tar czf runs.tgz kept "${labels[@]}" && rm -rf kept "${labels[@]}")
+echo "$k runs in $(( $(date +%s) - start )) s"
