@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -24,6 +24,9 @@ from .report import HEADLINE, TestRecord, result_record
 from .runner import LLMPerf
 from .selection import uses_plugin
 from .session import LIMITS, SESSION, Session, engine_options, gate_option, model_option
+
+if TYPE_CHECKING:
+    from .plots import Picture
 
 
 @dataclass(frozen=True)
@@ -180,7 +183,7 @@ def junit_properties(perf: LLMPerf) -> list[tuple[str, float]]:
     return out
 
 
-def _pictures(test_id: str, perf: LLMPerf, report_dir: Path, verdict: gating.Verdict | None) -> list[Any]:
+def _pictures(test_id: str, perf: LLMPerf, report_dir: Path, verdict: gating.Verdict | None) -> list[Picture]:
     from . import plots  # matplotlib only when pictures are drawn
 
     timelines = []
