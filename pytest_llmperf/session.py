@@ -49,7 +49,7 @@ class Session:
     records: list[TestRecord] = field(default_factory=list)
     server: Any = None  # the vllm_server fixture's VLLMServer, once started
     server_deaths_reported: set[int] = field(default_factory=set)  # pids of servers whose death failed a test
-    bandwidth: float | None = None  # bytes/s of this GPU's memory, measured on first use (0: not measurable)
+    bandwidth: float | None = None  # bytes/s of this GPU's memory, measured beside the first engine's imports (0: not measurable)
     footprints: dict[tuple[str, str], tuple[int, int] | None] = field(default_factory=dict)  # (path, dtype)
     pictures: list[Picture] = field(default_factory=list)  # planned by judged tests, drawn at the session's end
     picture_errors: list[str] = field(default_factory=list)  # why a picture could not be drawn
