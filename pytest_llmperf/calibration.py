@@ -36,6 +36,7 @@ from . import baseline as bl
 
 ALPHA = 0.05  # the suite's false-alarm budget per pull request
 MIN_RUNS = 3  # a bound from fewer runs says nothing about their spread
+DECIMALS = 4  # allowances and the deviations they came from, as the baseline files store them
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,8 @@ def seen_before(stored: Mapping[tuple[str, str, str], Sequence[float]],
     decimals they are stored with): the same results.json added again. A new run of a suite matching the
     stored runs on every metric by chance is not to be expected; the file keeps no run names."""
     keys = [key for key in run if key in stored]
-    return bool(keys) and all(any(abs(d - s) <= 5.1e-5 for s in stored[key]) for key in keys for d in run[key])
+    same = 0.51 * 10**-DECIMALS  # a stored value is the run's, rounded
+    return bool(keys) and all(any(abs(d - s) <= same for s in stored[key]) for key in keys for d in run[key])
 
 
 def allowances(found: Mapping[tuple[str, str, str], Sequence[float]], alpha: float = ALPHA) -> list[Allowance]:
@@ -145,8 +147,8 @@ def write(root: Path, hardware: str, model: str, calibrated: Sequence[Allowance]
             entry.pop("calibration", None)
             entry.pop("calibration_runs", None)
             if mine:
-                entry["calibration"] = {a.metric: round(a.allowance, 4) for a in mine}
-                entry["calibration_runs"] = {a.metric: [round(d, 4) for d in a.deviations] for a in mine}
+                entry["calibration"] = {a.metric: round(a.allowance, DECIMALS) for a in mine}
+                entry["calibration_runs"] = {a.metric: [round(d, DECIMALS) for d in a.deviations] for a in mine}
         stored["calibrated"] = {"runs": runs, "alpha": alpha, "comparisons": len(calibrated)}
         bl.write(path, stored)
         written.append(path)

@@ -94,17 +94,17 @@ class Session:
         # in a comparison test) would reject them
         defaults = self.engine_defaults if name == self.engine_name else {}
         if self.gpu is not None and self.bandwidth is None:
-            self._probe_beside_imports(name)
+            self._probe_beside_imports(name, self.gpu)
         return self.pool.get(name, self.model(model), {**self.engine_settings.get(name, {}), **defaults, **config})
 
-    def _probe_beside_imports(self, name: str) -> None:
+    def _probe_beside_imports(self, name: str, gpu: GpuInfo) -> None:
         """The GPU's bandwidth probe (a child process that starts CUDA: seconds) runs while the first
         engine's modules are imported (seconds more, in this process, on no device), and ends before
         any engine touches the card, so that neither sees the other in its memory or its timing."""
         cls = engine_class(name, self.engines)
         if not cls.holds_device:
             return
-        probe = start_bandwidth_probe(self.gpu.index) if self.gpu is not None else None
+        probe = start_bandwidth_probe(gpu.index)
         try:
             with self.pool.times.timed("engine start"):
                 cls.preload()

@@ -194,15 +194,16 @@ class EnginePool:
             return self._engine
         self._retire()
         cls = engine_class(name, self.engines)
-        began = time.perf_counter()
         try:
             with self.times.timed("engine start"):
+                began = time.perf_counter()
                 self._engine = cls(model, dict(config))
+                seconds = time.perf_counter() - began
         finally:
             self._wait_for_stops()  # the engine before it is gone before this one measures anything
         self._key = key
         self.starts += 1
-        self.start_seconds.append((name, model.name, round(time.perf_counter() - began, 2)))
+        self.start_seconds.append((name, model.name, round(seconds, 2)))
         self._made[self._engine] = (name, model, dict(config))
         return self._engine
 
