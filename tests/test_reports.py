@@ -20,6 +20,8 @@ def test_report_files_step_summary_and_pytest_benchmark(pytester, monkeypatch):
     step = pytester.path / "step.md"
     step.write_text("earlier step\n")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
+    # the inner session is no xdist worker, even when this one is: pytest-benchmark would switch itself off
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     pytester.makepyfile(test_r=TEST)
     result = pytester.runpytest_inprocess("--llmperf-engine=hf", "--llmperf-report=rep", "--benchmark-json=bench.json")
     result.assert_outcomes(passed=1)
