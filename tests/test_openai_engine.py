@@ -200,8 +200,20 @@ def test_a_server_that_refuses_token_ids_gets_text_and_one_without_usage_is_coun
 
 # -- a real vllm serve ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def served(vllm_server):
-    return vllm_server
+def served(llmperf_session, tmp_path_factory):
+    """`vllm serve` as the vllm_server fixture starts it (the session's model and server options), but with
+    vLLM's own process topology on the CPU, which conftest.py trims for the other tests: the model in a
+    worker process of its own, the one whose thread binding the KV-usage test below is about."""
+    from pytest_llmperf.engines.vllm import _is_cpu_build
+    from pytest_llmperf.engines.vllm_server import VLLMServer
+
+    vllm = pytest.importorskip("vllm")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+        server = VLLMServer(llmperf_session.model(), llmperf_session.server_options,
+                            tmp_path_factory.mktemp("served"), cpu=_is_cpu_build(vllm))
+    yield server
+    server.stop()
 
 
 def test_streams_from_a_real_vllm_server_with_exact_token_counts(served, openai_engine_factory, llmperf):
