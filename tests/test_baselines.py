@@ -256,7 +256,8 @@ def test_gated(hf_engine, llmperf):
 
 
 def test_a_gate_marker_reports_what_it_does_not_name_end_to_end(pytester):
-    """A baseline whose throughput was ten times today's (as if recorded on a faster machine): the default
+    """A baseline whose throughput was a thousand times today's (as if recorded on a far faster machine; a
+    shared 2-core runner swings 5x between two sessions, so ten times was not always a failure): the default
     gate fails on it; under `llmperf_gate("paging")` it is reported and the test passes, and results.json
     records the gate so that `python -m pytest_llmperf compare` judges alike."""
     args = ["--llmperf-engine=hf", "-p", "no:randomly"]
@@ -264,10 +265,12 @@ def test_a_gate_marker_reports_what_it_does_not_name_end_to_end(pytester):
     pytester.runpytest_inprocess(*args, "--llmperf-baseline=update").assert_outcomes(passed=1)
     (path,) = (pytester.path / "baselines").rglob("*.json")
     doc = json.loads(path.read_text())
+    faster = 1000
     for e in doc["entries"]:
-        e["metrics"]["output_tokens_per_s"] *= 10
-        e["per_repeat"] = [{**p, "output_tokens_per_s": p["output_tokens_per_s"] * 10} for p in e["per_repeat"]]
-        e["pass_metrics"] = [{**p, "output_tokens_per_s": p["output_tokens_per_s"] * 10} for p in e.get("pass_metrics", [])]
+        e["metrics"]["output_tokens_per_s"] *= faster
+        e["per_repeat"] = [{**p, "output_tokens_per_s": p["output_tokens_per_s"] * faster} for p in e["per_repeat"]]
+        e["pass_metrics"] = [{**p, "output_tokens_per_s": p["output_tokens_per_s"] * faster}
+                             for p in e.get("pass_metrics", [])]
     path.write_text(json.dumps(doc))
     failing = pytester.runpytest_inprocess(*args, "--llmperf-retries=0")
     failing.assert_outcomes(failed=1)
