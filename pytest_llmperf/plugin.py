@@ -173,6 +173,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if activation.is_active(session.config):  # a session that never used the plugin keeps its output
             activation.show_engine_output(session.config)
         activation.summarize_if_terminated(session.config, exitstatus)
+        if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: its times go to the controller
+            session.config.workeroutput["llmperf_times"] = state.own_times()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist, in the controller: a finished worker's time to verdict, for the summary line."""
+    state = node.config.stash.get(SESSION, None)
+    times = getattr(node, "workeroutput", {}).get("llmperf_times")
+    if state is not None and times:
+        state.worker_times.append(times)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -183,8 +194,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     tr.section("llmperf")
     for line in terminal_lines(state.records):
         tr.write_line(line)
-    tr.write_line(f"engines started: {state.pool.starts}; hardware class: {state.hardware}; model: {state.model_spec}")
-    tr.write_line(state.pool.times.line(state.pool.starts))
+    tr.write_line(f"engines started: {state.engine_starts()}; hardware class: {state.hardware}; model: {state.model_spec}")
+    tr.write_line(state.time_line())
     if state.picture_errors:
         tr.write_line(f"llmperf plots: {len(state.picture_errors)} not drawn, e.g. {state.picture_errors[0]}", yellow=True)
     if state.report_dir is not None and not hasattr(config, "workerinput"):  # xdist: the controller writes

@@ -18,6 +18,7 @@ from .gpu import GpuInfo, bandwidth_of, measure_bandwidth, start_bandwidth_probe
 from .models import ModelSpec, footprint, model_config, resolve_model
 from .report import TestRecord
 from .runner import LLMPerf
+from .timing import workers_line
 from .trace import Roofline
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ class Session:
     footprints: dict[tuple[str, str], tuple[int, int] | None] = field(default_factory=dict)  # (path, dtype)
     pictures: list[Picture] = field(default_factory=list)  # planned by judged tests, drawn at the session's end
     picture_errors: list[str] = field(default_factory=list)  # why a picture could not be drawn
+    worker_times: list[dict[str, Any]] = field(default_factory=list)  # xdist controller: each worker's own_times()
 
     def roofline(self, engine: Engine) -> Roofline | None:
         """The engine's memory-bandwidth floor on this GPU: its weights and KV bytes per token from the
@@ -79,8 +81,21 @@ class Session:
                 "gpus": [asdict(g) for g in self.gpus],
                 "baseline_mode": self.gate.mode, "tolerance": [self.gate.tolerance, dict(self.gate.tolerances)],
                 "warmup": self.warmup, "engine_config": self.engine_defaults,
-                "time_to_verdict_s": {**self.pool.times.summary(), "engine_starts": self.pool.starts,
-                                      "each_start": [list(s) for s in self.pool.start_seconds]}}
+                "time_to_verdict_s": {**self.own_times(), **({"workers": self.worker_times} if self.worker_times else {})}}
+
+    def own_times(self) -> dict[str, Any]:
+        """This process's time to verdict: its phases, its engine starts and what each took."""
+        return {**self.pool.times.summary(), "engine_starts": self.pool.starts,
+                "each_start": [list(s) for s in self.pool.start_seconds]}
+
+    def engine_starts(self) -> int:
+        """Engines this session started: under pytest-xdist, in the controller, its workers'."""
+        return sum(w["engine_starts"] for w in self.worker_times) if self.worker_times else self.pool.starts
+
+    def time_line(self) -> str:
+        if self.worker_times:  # xdist controller: the engines ran in the workers
+            return workers_line(self.pool.times.summary()["wall"], self.worker_times)
+        return self.pool.times.line(self.pool.starts)
 
     def model(self, spec: str | None = None) -> ModelSpec:
         """The session's model (`--llmperf-model`), or `spec` (a test's `llmperf_model`), resolved once."""

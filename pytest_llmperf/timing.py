@@ -5,7 +5,8 @@ collecting the tests, and judging them (baselines, limits, records).
 The rest of the wall time (pytest itself, the reports) is what is left over. Shown in the terminal
 summary and `results.json` as the time to verdict, so that a slow gate shows what to cut. Phases nest
 (judging a test may measure it again, which may start an engine): a second counts in the innermost
-phase only, so the phases and the rest add up to the wall time.
+phase only, so the phases and the rest add up to the wall time. Under pytest-xdist the engines run in the
+workers: the controller adds up each worker's phases (`workers_line`), which add up to the workers' own time.
 """
 
 from __future__ import annotations
@@ -51,8 +52,20 @@ class PhaseTimes:
 
     def line(self, starts: int) -> str:
         s = self.summary()
-        return (f"time to verdict: {s['wall']:.0f} s = engine start {s['engine start']:.0f} s ({starts} starts), "
-                f"warm-up {s['warm-up']:.0f} s, measurement {s['measurement']:.0f} s, re-measurement "
-                f"{s['re-measurement']:.0f} s, engine stop {s['engine stop']:.0f} s, "
-                + "".join(f"{phase} {s[phase]:.0f} s, " for phase in OPTIONAL if s[phase])
-                + f"other (pytest, reports) {s['other']:.0f} s")
+        return f"time to verdict: {s['wall']:.0f} s = {_phases(s, starts)}"
+
+
+def workers_line(wall: float, workers: list[dict[str, Any]]) -> str:
+    """The controller's line under pytest-xdist: its own wall time, then the workers' summaries (each
+    `PhaseTimes.summary()` with its `engine_starts`) added up, phase by phase, in worker-seconds."""
+    total = {key: sum(w[key] for w in workers) for key in ("wall", *PHASES, "other", "engine_starts")}
+    return (f"time to verdict: {wall:.0f} s, {len(workers)} pytest-xdist workers side by side: "
+            f"{total['wall']:.0f} worker-seconds = {_phases(total, int(total['engine_starts']))}")
+
+
+def _phases(s: dict[str, float], starts: int) -> str:
+    return (f"engine start {s['engine start']:.0f} s ({starts} starts), "
+            f"warm-up {s['warm-up']:.0f} s, measurement {s['measurement']:.0f} s, re-measurement "
+            f"{s['re-measurement']:.0f} s, engine stop {s['engine stop']:.0f} s, "
+            + "".join(f"{phase} {s[phase]:.0f} s, " for phase in OPTIONAL if s[phase])
+            + f"other (pytest, reports) {s['other']:.0f} s")

@@ -65,6 +65,18 @@ def test_the_time_to_verdict_line_names_every_phase_that_took_time():
     assert "engine stop 0 s, bandwidth probe 6 s, other" in times.line(2)
 
 
+def test_under_xdist_the_line_adds_up_the_workers_phases():
+    from pytest_llmperf.timing import PHASES, workers_line
+
+    def worker(wall, start, starts):
+        return {"wall": wall, **dict.fromkeys(PHASES, 0.0), "engine start": start, "other": wall - start,
+                "engine_starts": starts}
+
+    line = workers_line(100.0, [worker(90.0, 30.0, 2), worker(95.0, 20.0, 1)])
+    assert line.startswith("time to verdict: 100 s, 2 pytest-xdist workers side by side: 185 worker-seconds = ")
+    assert "engine start 50 s (3 starts)" in line and line.endswith("other (pytest, reports) 135 s")
+
+
 def test_nested_phases_count_each_second_once():
     """Judging a test may measure it again, and that may start an engine: each second counts in the
     innermost phase, so the phases never add up to more than the wall time."""
@@ -123,6 +135,13 @@ def test_chat(hf_engine, llmperf, seed):
     doc = json.loads((pytester.path / "rep" / "results.json").read_text())
     assert sorted(t["test"] for t in doc["tests"]) == [f"test_x.py::test_chat[{s}]" for s in (1, 2, 3, 4)]
     assert result.stdout.str().count("test_x.py::test_chat[") >= 4  # the terminal table lists them all
+    # the engines ran in the workers: the controller's line adds up theirs, not its own zero starts
+    workers = doc["session"]["time_to_verdict_s"]["workers"]
+    starts = sum(w["engine_starts"] for w in workers)
+    assert len(workers) == 2 and starts >= 1 and all(w["wall"] > 0 for w in workers)
+    assert f"engines started: {starts};" in result.stdout.str()
+    result.stdout.fnmatch_lines([f"time to verdict: * s, 2 pytest-xdist workers side by side: * worker-seconds = "
+                                 f"engine start * s ({starts} starts), warm-up * s, measurement *"])
 
 
 def test_results_json_and_baselines_are_strict_json(tmp_path):
