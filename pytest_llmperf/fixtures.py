@@ -87,18 +87,23 @@ def engine_fixtures(engines: Mapping[str, str]) -> ModuleType:
 def vllm_server(llmperf_session: Session, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """`vllm serve` on a free loopback port for the session (`.base_url`, `.log_path`), the session's
     model (a shape: dummy weights, its word tokenizer); stopped at the end, also on failure and Ctrl-C."""
-    from .engines.vllm import _is_cpu_build
-    from .engines.vllm_server import VLLMServer
-
-    vllm = pytest.importorskip("vllm", reason="vllm_server needs vLLM installed")
-    server = VLLMServer(llmperf_session.model(), llmperf_session.server_options,
-                        tmp_path_factory.mktemp("vllm-serve"), cpu=_is_cpu_build(vllm))
+    server = start_vllm_server(llmperf_session, tmp_path_factory)
     llmperf_session.server = server  # the plugin restarts it when it dies between tests
     try:
         yield server
     finally:
         llmperf_session.server = None
         server.stop()
+
+
+def start_vllm_server(llmperf_session: Session, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """`vllm serve` of the session's model and server options, on a free port, up and answering."""
+    from .engines.vllm import _is_cpu_build
+    from .engines.vllm_server import VLLMServer
+
+    vllm = pytest.importorskip("vllm", reason="vllm_server needs vLLM installed")
+    return VLLMServer(llmperf_session.model(), llmperf_session.server_options,
+                      tmp_path_factory.mktemp("vllm-serve"), cpu=_is_cpu_build(vllm))
 
 
 def check_server(item: pytest.Item) -> None:

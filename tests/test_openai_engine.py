@@ -204,14 +204,11 @@ def served(llmperf_session, tmp_path_factory):
     """`vllm serve` as the vllm_server fixture starts it (the session's model and server options), but with
     vLLM's own process topology on the CPU, which conftest.py trims for the other tests: the model in a
     worker process of its own, the one whose thread binding the KV-usage test below is about."""
-    from pytest_llmperf.engines.vllm import _is_cpu_build
-    from pytest_llmperf.engines.vllm_server import VLLMServer
+    from pytest_llmperf.fixtures import start_vllm_server
 
-    vllm = pytest.importorskip("vllm")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-        server = VLLMServer(llmperf_session.model(), llmperf_session.server_options,
-                            tmp_path_factory.mktemp("served"), cpu=_is_cpu_build(vllm))
+        server = start_vllm_server(llmperf_session, tmp_path_factory)
     yield server
     server.stop()
 
