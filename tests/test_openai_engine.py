@@ -199,6 +199,10 @@ def test_a_server_that_refuses_token_ids_gets_text_and_one_without_usage_is_coun
 
 
 # -- a real vllm serve ---------------------------------------------------------------------------
+# a median /metrics answer slower than this: the server was starved of CPU during the run (answers take
+# 6-13 ms on this 2-core runner, 19-53 ms beside two other engines, 2026-12-05)
+STARVED_ANSWER_MS = 100.0
+
 @pytest.fixture(scope="module")
 def served(llmperf_session, tmp_path_factory):
     """`vllm serve` as the vllm_server fixture starts it (the session's model and server options), but with
@@ -241,11 +245,17 @@ def test_streams_from_a_real_vllm_server_with_exact_token_counts(served, openai_
         assert s.cached_tokens is not None and 0 <= s.cached_tokens <= s.prompt_len  # usage.prompt_tokens_details
 
 
-def test_kv_usage_of_a_short_poisson_run_is_measured_every_time(served, openai_engine_factory):
+def test_kv_usage_of_a_short_poisson_run_is_measured_whenever_the_server_answers_in_time(served, openai_engine_factory):
     """A real `vllm serve`: 24 Poisson requests (about 2 s) left KV usage unmeasured in 4 of 8 runs while
     vLLM pinned its worker to one of the two cores and kept the other for its engine core: the API server
     answered /metrics only between bursts of work. The fixture's server runs unpinned on a CPU build
-    (`vllm_server.SERVER_CPU_ENV`), and the scrapes see requests in flight run after run."""
+    (`vllm_server.SERVER_CPU_ENV`), and the scrapes see requests in flight run after run.
+
+    Beside another pytest-xdist worker's engine on the same 2 cores, the API server can still be starved
+    for seconds: it answered the scrapes of a run 0.24-0.64 s late (median) and its running-requests gauge
+    read 0 throughout (3 of 20 runs beside `tests/test_vllm_engine.py`, 2026-12-05). Such a run must say
+    that usage went unmeasured, and why (`metrics_answer_ms`); every run answered in time must measure it,
+    and most runs must."""
     import vllm
 
     from pytest_llmperf.engines.vllm import _is_cpu_build
@@ -255,10 +265,17 @@ def test_kv_usage_of_a_short_poisson_run_is_measured_every_time(served, openai_e
     assert "VLLM_CPU_OMP_THREADS_BIND='nobind'" in served.log_path.read_text()
     engine = openai_engine_factory(base_url=served.base_url)
     short = Workload.poisson(16.0, 24, prompt_len=(32, 128), output_len=(16, 48), seed=4)
+    measured = 0
     for salt in range(5):
         trace = engine.run(short, salt=salt)
-        assert trace.extra["metrics_scrapes_during_run"] > 0 and "usage" in trace.kv_measures, salt
-        assert max(k.blocks_used for k in trace.kv) > 0
+        during, answer_ms = trace.extra["metrics_scrapes_during_run"], trace.extra["metrics_answer_ms"]
+        print(f"run {salt}: {during} scrapes saw requests in flight, answered in {answer_ms} ms (median)")
+        if during == 0:  # unmeasured: said so, and only where the server answered late
+            assert "usage" not in trace.kv_measures and answer_ms > STARVED_ANSWER_MS, (salt, answer_ms)
+            continue
+        assert "usage" in trace.kv_measures and max(k.blocks_used for k in trace.kv) > 0, salt
+        measured += 1
+    assert measured >= 3
 
 
 def test_a_cpu_builds_server_runs_unpinned_unless_the_environment_says_otherwise():
