@@ -252,7 +252,7 @@ def test_kv_usage_of_a_short_poisson_run_is_measured_whenever_the_server_answers
     (`vllm_server.SERVER_CPU_ENV`), and the scrapes see requests in flight run after run.
 
     Beside another pytest-xdist worker's engine on the same 2 cores, the API server can still be starved
-    for seconds: it answered the scrapes of a run 0.24-0.64 s late (median) and its running-requests gauge
+    for seconds: it answered the scrapes of a run 0.22-0.41 s late (median) and its running-requests gauge
     read 0 throughout (3 of 20 runs beside `tests/test_vllm_engine.py`, 2026-12-05). Such a run must say
     that usage went unmeasured, and why (`metrics_answer_ms`); every run answered in time must measure it,
     and most runs must."""

@@ -529,7 +529,7 @@ class _Scraper:
     def answer_ms(self, start: float, end: float) -> float | None:
         """The median time the server took to answer the scrapes sent during the run. Where usage went
         unmeasured it says why: a server starved of CPU (a 2-core runner shared with other work) answers
-        /metrics late, and its gauges lag its engine (seen: medians of 0.24-0.64 s, and no request ever in flight)."""
+        /metrics late, and its gauges lag its engine (seen: medians of 0.22-0.68 s, and no request ever in flight)."""
         waits = sorted(answered - sent for sent, answered, _ in self.rows if start <= sent <= end)
         return round(statistics.median(waits) * 1e3, 1) if waits else None
 
