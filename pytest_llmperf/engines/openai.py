@@ -530,8 +530,8 @@ class _Scraper:
         """The median time the server took to answer the scrapes sent during the run. Where usage went
         unmeasured it says why: a server starved of CPU (a 2-core runner shared with other work) answers
         /metrics late, and its gauges lag its engine (seen: medians of 0.22-0.68 s, and no request ever in flight)."""
-        waits = sorted(answered - sent for sent, answered, _ in self.rows if start <= sent <= end)
-        return round(statistics.median(waits) * 1e3, 1) if waits else None
+        waits = [answered - sent for sent, answered, _ in self.rows if start <= sent <= end]
+        return round(statistics.median(waits) * 1e3, 1) if waits else None  # None: none answered at all
 
     def _in_order(self) -> list[tuple[float, float, dict[str, float]]]:
         """Rows by the time their answer came (a scrape at an edge can overtake a periodic one)."""
