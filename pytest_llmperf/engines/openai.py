@@ -523,15 +523,17 @@ class _Scraper:
         saw its KV usage. A scrape answered before the server's first step of the run still reads the
         idle gauge, 0 (seen in CI); one a busy server answers after the run ended reads it while requests
         were still in it, or shows none and does not count."""
-        return sum(1 for sent, _, v in self.rows
-                   if start <= sent <= end and v.get("running", 0) + v.get("waiting", 0) > 0)
+        return sum(1 for _, _, v in self._sent_within(start, end) if v.get("running", 0) + v.get("waiting", 0) > 0)
 
     def answer_ms(self, start: float, end: float) -> float | None:
         """The median time the server took to answer the scrapes sent during the run. Where usage went
         unmeasured it says why: a server starved of CPU (a 2-core runner shared with other work) answers
         /metrics late, and its gauges lag its engine (seen: medians of 0.22-0.68 s, and no request ever in flight)."""
-        waits = [answered - sent for sent, answered, _ in self.rows if start <= sent <= end]
+        waits = [answered - sent for sent, answered, _ in self._sent_within(start, end)]
         return round(statistics.median(waits) * 1e3, 1) if waits else None  # None: none answered at all
+
+    def _sent_within(self, start: float, end: float) -> list[tuple[float, float, dict[str, float]]]:
+        return [row for row in self.rows if start <= row[0] <= end]
 
     def _in_order(self) -> list[tuple[float, float, dict[str, float]]]:
         """Rows by the time their answer came (a scrape at an edge can overtake a periodic one)."""
