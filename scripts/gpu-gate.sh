@@ -3,7 +3,7 @@
 # runs it: `scripts/gpu-gate.sh MODE LABEL [pytest options]`, MODE update or require. Writes the log,
 # results.json and summary.md under $OUT/LABEL*. A vLLM compile cache carried in .vllm-cache/cache.tgz
 # is unpacked first, and the cache is packed back to $OUT/cache.tgz when KEEP_CACHE=1. An update packs the
-# baselines it wrote to $OUT/baselines-h200.tgz. pytest stops after BUDGET_S seconds (default 520: unpacking the bundle and packing the
+# baselines it wrote to $OUT/baselines-CLASS.tgz. pytest stops after BUDGET_S seconds (default 520: unpacking the bundle and packing the
 # cache take up to a minute more, and a device run stopped at its 600 s limit returns nothing it packed).
 set -o pipefail
 mode=$1 label=$2
@@ -22,16 +22,18 @@ if [ -f .vllm-cache/cache.tgz ] && [ ! -f "$VLLM_CACHE_ROOT/.unpacked" ]; then
   tar -xzf .vllm-cache/cache.tgz -C "$VLLM_CACHE_ROOT" && touch "$VLLM_CACHE_ROOT/.unpacked"
 fi
 start=$(date +%s)
-# GATE_TESTS: the perf-gate workflow's PERF_TESTS unless given
+# GATE_TESTS: the perf-gate workflow's PERF_TESTS unless given; GATE_CLASS: the runner's hardware class (its
+# `-m` selection and baselines/<class>/), h200 unless given
+cls=${GATE_CLASS:-h200}
 timeout "${BUDGET_S:-520}" python3 -m pytest -p pytest_llmperf.plugin -p no:cacheprovider ${GATE_TESTS:-perf_tests/test_latency.py perf_tests/test_paging.py} \
-  -m h200 --llmperf-model=shape:llama-3.1-8b --llmperf-baseline="$mode" \
+  -m "$cls" --llmperf-model=shape:llama-3.1-8b --llmperf-baseline="$mode" \
   --llmperf-tolerance=0.10,output_tokens_per_s=0.05 --llmperf-report="$OUT/$label" -v -rA "$@" > "$OUT/$label.log" 2>&1
 rc=$?
 rm -rf "$OUT/$label/plots"  # at most 8 files come back from the device: keep results.json and summary.md
 echo "$label: rc=$rc wall=$(( $(date +%s) - start ))s"
 grep -E "^(FAILED|ERROR)|passed|failed|^baselines:|^time to verdict" "$OUT/$label.log" | tail -15
 if [ "$mode" = update ]; then
-  tar -czf "$OUT/baselines-h200.tgz" baselines/h200 && ls baselines/h200/*/ | wc -l
+  tar -czf "$OUT/baselines-$cls.tgz" "baselines/$cls" && ls "baselines/$cls"/*/ | wc -l
 fi
 if [ "${KEEP_CACHE:-0}" = 1 ]; then
   tar -czf "$OUT/cache.tgz" -C "$VLLM_CACHE_ROOT" . && du -h "$OUT/cache.tgz"
