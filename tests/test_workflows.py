@@ -35,7 +35,12 @@ def option(args, name):
     return next(a.split("=", 1)[1] for a in args if a.startswith(f"{name}="))
 
 
-@pytest.mark.parametrize("hardware", job("perf-gate.yml", "perf")["strategy"]["matrix"]["hardware"])
+# the gate's runner classes, and every GPU class whose baselines ship (ready for the matrix once its runner exists)
+GATE_CLASSES = sorted(set(job("perf-gate.yml", "perf")["strategy"]["matrix"]["hardware"])
+                      | {d.name for d in (ROOT / "baselines").iterdir() if d.is_dir() and d.name != "cpu"})
+
+
+@pytest.mark.parametrize("hardware", GATE_CLASSES)
 def test_the_perf_gate_selects_its_whole_suite_on_its_runner_class_and_every_test_has_a_baseline(hardware):
     perf = job("perf-gate.yml", "perf")
     tests, args = perf["env"]["PERF_TESTS"].split(), shlex.split(perf["env"]["PERF_ARGS"])
