@@ -261,15 +261,22 @@ def check(limits: Iterable[Limit], results: Sequence[PerfResult]) -> list[Violat
         for limit in limits:
             measured = values.get(limit.metric)
             if measured is None:
-                raise MarkerError(
-                    f"@pytest.mark.{limit.marker} cannot be checked: engine {result.engine!r} did not measure "
-                    f"{limit.metric} in this run (e.g. no GPU, or a metric the engine cannot observe). "
-                    "Remove the marker for this engine or run where the metric exists."
-                )
+                raise MarkerError(_unmeasured(limit, result))
             if not limit.holds(measured) and _confirmed(limit, result):
                 worst = tuple(result.worst(limit.sequence_metric)) if limit.sequence_metric else ()
                 violations.append(Violation(limit, float(measured), result, worst))
     return violations
+
+
+def _unmeasured(limit: Limit, result: PerfResult) -> str:
+    """Why a limit cannot be checked: the engine's own reason for this run where it gave one."""
+    head = (f"@pytest.mark.{limit.marker} cannot be checked: engine {result.engine!r} did not measure "
+            f"{limit.metric} in this run")
+    why = result.unmeasured.get(limit.metric)
+    if why:
+        return f"{head}: {why}"
+    return (f"{head} (e.g. no GPU, or a metric the engine cannot observe). "
+            "Remove the marker for this engine or run where the metric exists.")
 
 
 def _per_request(result: PerfResult, name: str) -> list[float] | None:

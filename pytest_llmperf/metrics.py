@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -190,6 +190,8 @@ class PerfResult:
     by_turn: tuple[TurnStats, ...] = ()
     # the engine's own timing of the same requests (queue, TTFT from scheduling, decode), where it says
     server: ServerLatency = field(default_factory=ServerLatency)
+    # why a metric the engine has was not measured in a pass (flat metric name -> reason)
+    unmeasured: dict[str, str] = field(default_factory=dict)
 
     @property
     def error_rate(self) -> float:
@@ -477,6 +479,7 @@ def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, l
         partial=partial,
         by_turn=by_turn(seqs, turns) if turns else (),
         server=ServerLatency.of(seqs),
+        unmeasured={k: v for r in per_trace for k, v in r.unmeasured.items()},
     )
 
 
@@ -507,7 +510,14 @@ def _one(trace: RunTrace, gaps: list[float], workload_hash: str, n_requests: int
         errors=tuple(f"request {s.index}.{s.sample}: {s.error}" for s in trace.sequences if s.error),
         duration_s=trace.end_t - trace.start_t,
     )
-    return replace(result, per_repeat=(flat_metrics(result),))
+    flat = flat_metrics(result)
+    return replace(result, per_repeat=(flat,), unmeasured=unmeasured_metrics(trace.unmeasured, flat))
+
+
+def unmeasured_metrics(measures: Mapping[str, str], flat: Mapping[str, Any]) -> dict[str, str]:
+    """A KV measure's reason for each flat metric it feeds (usage: kv_usage_peak and kv_usage_mean)."""
+    return {name: why for measure, why in measures.items() for name in flat
+            if name == f"kv_{measure}" or name.startswith(f"kv_{measure}_")}
 
 
 def _latencies(seqs: Sequence[SequenceMetrics], gaps: list[float]) -> dict[str, list[float]]:

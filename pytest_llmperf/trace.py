@@ -144,6 +144,9 @@ class RunTrace:
     framework_peak_bytes: int | None = None
     roofline: Roofline | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # why a KV measure the engine has was not measured in this pass (measure -> reason): said where a
+    # limit on it cannot be checked
+    unmeasured: dict[str, str] = field(default_factory=dict)
 
     @property
     def failed(self) -> tuple[SequenceTrace, ...]:

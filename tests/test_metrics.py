@@ -66,6 +66,26 @@ def test_engine_that_cannot_measure_kv_reports_none_not_zero():
     assert r.flat()["kv_fragmentation_max"] is None
 
 
+def test_a_limit_on_a_metric_the_engine_missed_this_run_says_why():
+    """An engine that measures KV usage but missed it in one pass (a server that answered no /metrics
+    scrape in time) says why, and a limit on it fails with that reason, not a generic one."""
+    from pytest_llmperf import assertions
+    from pytest_llmperf.assertions import MarkerError
+
+    why = "no /metrics scrape saw a request in flight"
+    seen = RunTrace("fake", (seq(0, 0.0, [0.1, 0.2]),), 0.0, 0.3,
+                    (KVSample(0.1, blocks_used=2, blocks_total=10, block_size=16, tokens_stored=20, running=1, waiting=0),),
+                    kv_measures=frozenset({"usage"}))
+    missed = RunTrace("fake", (seq(0, 0.0, [0.1, 0.2]),), 0.0, 0.3, (), unmeasured={"usage": why})
+    r = summarize([seen, missed], "h", 1)
+    assert r.unmeasured == {"kv_usage_peak": why, "kv_usage_mean": why}
+    assert summarize([missed], "h", 1).unmeasured == r.unmeasured and summarize([seen], "h", 1).unmeasured == {}
+    assert r.to_dict()["unmeasured"] == r.unmeasured  # results.json keeps the reason
+    limit = assertions.parse("max_kv_usage", (0.9,), {}, None)
+    with pytest.raises(MarkerError, match=f"did not measure kv_usage_peak in this run: {why}"):
+        assertions.check(limit, [summarize([missed], "h", 1)])
+
+
 def test_repeats_pool_percentiles_and_take_median_throughput():
     fast = RunTrace("fake", (seq(0, 0.0, [0.1, 0.2]),), 0.0, 0.2)
     slow = RunTrace("fake", (seq(0, 0.0, [0.3, 0.4]),), 0.0, 0.4)

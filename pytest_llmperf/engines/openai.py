@@ -269,10 +269,13 @@ class OpenAIEngine(Engine):
         # a busy server can answer every scrape only after the run, when its usage gauge reads 0 again:
         # then usage was not measured (counters are cumulative and stay right)
         measures = scraper.measures() if kv else frozenset()
-        trace = RunTrace("openai", sequences, start, end, kv, kv_measures=measures if during else measures - {"usage"},
+        answer_ms = scraper.answer_ms(start, end)
+        unmeasured = {} if during or "usage" not in measures else {"usage": _usage_unseen(answer_ms)}
+        trace = RunTrace("openai", sequences, start, end, kv, kv_measures=measures - set(unmeasured),
                          extra={"server_version": self.version, "metrics_scrapes_during_run": during,
-                                "metrics_answer_ms": scraper.answer_ms(start, end),
-                                "metrics_dialect": scraper.family, **scraper.server_tokens()})
+                                "metrics_answer_ms": answer_ms,
+                                "metrics_dialect": scraper.family, **scraper.server_tokens()},
+                         unmeasured=unmeasured)
         return trace, (found[0] if found else None)
 
     def _payload(self, workload: Workload, i: int, salt: int) -> dict[str, Any]:
@@ -337,6 +340,18 @@ class OpenAIEngine(Engine):
             stream.error = f"connection refused: {e}"
         except self._httpx.HTTPError as e:
             stream.error = f"{type(e).__name__}: {e}"
+
+
+def _usage_unseen(answer_ms: float | None) -> str:
+    """Why KV usage went unmeasured in a run: no /metrics answer showed a request in the server, so its
+    usage gauge was only ever read idle."""
+    if answer_ms is None:
+        answered = "no scrape sent during the run was answered before it ended"
+    else:
+        answered = f"the server answered them in {answer_ms:.0f} ms (median)"
+    return (f"no /metrics scrape saw a request in flight ({answered}; a vLLM server starved of CPU answers "
+            "in hundreds of ms, and its usage gauge lags). Run it where it has CPU to spare, or give the test "
+            "a workload that lasts several scrape intervals (metrics_interval_s)")
 
 
 def _health_verdict(status: int, root: str) -> str | None:
