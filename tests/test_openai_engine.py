@@ -253,9 +253,10 @@ def test_kv_usage_of_a_short_poisson_run_is_measured_whenever_the_server_answers
 
     Beside another pytest-xdist worker's engine on the same 2 cores, the API server can still be starved
     for seconds: it answered the scrapes of a run 0.22-0.41 s late (median) and its running-requests gauge
-    read 0 throughout (3 of 20 runs beside `tests/test_vllm_engine.py`, 2026-12-05). Such a run must say
-    that usage went unmeasured, and why (`metrics_answer_ms`); every run answered in time must measure it,
-    and most runs must."""
+    read 0 throughout (3 of 20 runs beside `tests/test_vllm_engine.py`, 2026-12-05; 3 of 5 in a full
+    `make test` the same day, answered 0.5-2 s late). Such a run must say that usage went unmeasured, and
+    why (`metrics_answer_ms`); every run answered in time must measure it, and three must, in at most
+    twelve runs."""
     import vllm
 
     from pytest_llmperf.engines.vllm import _is_cpu_build
@@ -266,17 +267,21 @@ def test_kv_usage_of_a_short_poisson_run_is_measured_whenever_the_server_answers
     engine = openai_engine_factory(base_url=served.base_url)
     short = Workload.poisson(16.0, 24, prompt_len=(32, 128), output_len=(16, 48), seed=4)
     measured = 0
-    for salt in range(5):
+    for salt in range(12):
+        if measured == 3:
+            break
         trace = engine.run(short, salt=salt)
         during, answer_ms = trace.extra["metrics_scrapes_during_run"], trace.extra["metrics_answer_ms"]
         print(f"run {salt}: {during} scrapes saw requests in flight, answered in {answer_ms} ms (median)")
         if during == 0:  # unmeasured: said so, and only where the server answered late (or never)
             late = answer_ms is None or answer_ms > STARVED_ANSWER_MS
             assert "usage" not in trace.kv_measures and late, (salt, answer_ms)
+            assert "no /metrics scrape saw a request in flight" in trace.unmeasured["usage"]
             continue
+        assert trace.unmeasured == {}, salt
         assert "usage" in trace.kv_measures and max(k.blocks_used for k in trace.kv) > 0, salt
         measured += 1
-    assert measured >= 3
+    assert measured == 3, f"usage measured in {measured} of 12 runs"
 
 
 def test_a_cpu_builds_server_runs_unpinned_unless_the_environment_says_otherwise():
