@@ -4,6 +4,7 @@ lifecycle tests (CPU) and the GPU reliability tests check that no engine outlive
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ def start(pytester, engine_config: str, start_timeout_s: float = 240) -> tuple[s
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_hang.py", "--llmperf-engine=vllm",
          f"--llmperf-engine-config={engine_config}"],
         cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=_as_in_a_terminal,
     )
     pids_file = pytester.path / "pids.txt"
     deadline = time.monotonic() + start_timeout_s
@@ -38,6 +40,13 @@ def start(pytester, engine_config: str, start_timeout_s: float = 240) -> tuple[s
             raise AssertionError(f"the engine never started:\n{proc.communicate()[0][-3000:]}")
         time.sleep(0.5)
     return proc, [int(p) for p in pids_file.read_text().split()]
+
+
+def _as_in_a_terminal() -> None:
+    """SIGINT as a terminal's foreground job has it. A test run started in the background of a shell without
+    job control (`make test &`) inherits SIGINT ignored, and Python keeps a signal ignored at its start
+    ignored: the session then never sees the Ctrl-C this test sends (seen 2026-12-05: "ignored yes")."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def stop(proc: subprocess.Popen, sig: int, timeout_s: float = 180, second_wait_s: float = 30) -> str:
