@@ -17,7 +17,8 @@ TTFT rises steadily (Spearman rank correlation with the time each was sent >= `R
 median TTFT is at least `RISE` times the first quarter's, and it is still rising at the end (the last
 quarter's median above the third's). A stable load shows a rank correlation near zero once the first
 requests have filled the batch; a burst in a replayed trace lifts a stretch of it, not the whole run.
-Fewer than `MIN_SATURATION_REQUESTS` requests are too few to tell. Measured on the project's 2-core CPU
+Fewer than `MIN_SATURATION_REQUESTS` requests are too few to tell. Of a multi-turn session workload only
+the first turns count (the ones it schedules): a later turn's TTFT grows with its history. Measured on the project's 2-core CPU
 (vLLM 0.32, tiny shape, 96 Poisson requests, 2026-12-04): at 5-20 requests/s the rank correlation was
 0.14-0.62 and TTFT grew at most 1.8 times; at 40-1,000/s it was 0.97-0.99 and TTFT grew 17-33 times.
 """
@@ -93,8 +94,11 @@ def ttft_rise(trace: RunTrace, workload: Workload) -> tuple[float, float, float]
     import numpy as np
     from scipy.stats import spearmanr
 
-    # by the time each was sent: its arrival time, or for a session's later turn, after its answer came
-    points = sorted((s.submit_t, s.chunks[0].t - s.submit_t) for s in trace.sequences if s.ok)
+    # only requests the workload schedules: a session's later turn is sent after an answer, with its history
+    # in the prompt, so its TTFT rises with its turn whether or not a queue grows (a 6-session chat on a busy
+    # 2-core CPU read 9 ms -> 95 ms "saturated", 2026-12-05)
+    points = sorted((s.submit_t, s.chunks[0].t - s.submit_t) for s in trace.sequences
+                    if s.ok and workload.requests[s.index].turn == 0)
     if len(points) < MIN_SATURATION_REQUESTS:
         return None
     arrival, ttft = np.array(points).T

@@ -119,3 +119,15 @@ def test_saturation_is_judged_on_open_loop_runs_with_enough_requests_only():
     few = Workload.poisson(qps=10, n=15, prompt_len=8, output_len=4, seed=1)
     for w in (offline, loop, few):
         assert saturated([sent(w, lambda i: 0.0, growing)], w) == ""
+
+
+def test_a_sessions_later_turns_growing_with_their_history_are_not_saturation():
+    """A later turn carries the conversation so far: its TTFT rises with its turn whether or not a queue
+    grows. Only the first turns, the ones the workload schedules, tell saturation."""
+    chat = Workload.sessions(20, turns=3, message_len=8, output_len=4, qps=10, seed=1)
+    turn = lambda i: chat.requests[i].turn  # noqa: E731
+    later_turns_slower = sent(chat, lambda i: 2.5 * turn(i), lambda i: 0.05 + 0.2 * turn(i))  # each turn after the last
+    assert saturated([later_turns_slower], chat) == ""
+    first = [i for i, r in enumerate(chat.requests) if r.turn == 0]
+    queue_grows = sent(chat, lambda i: 0.0, lambda i: 0.05 + 0.02 * first.index(i) if i in first else 0.05)
+    assert saturated([queue_grows], chat).startswith("the engine saturated under this open-loop load")
