@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .trace import RunTrace
+from .trace import RunTrace, SequenceTrace
 from .workload import Workload
 
 LATE_S = 0.1
@@ -47,9 +47,13 @@ def schedule_lags(trace: RunTrace, workload: Workload) -> list[float]:
     offline batch, a closed loop)."""
     if not _open_loop(workload):
         return []
-    # a session's later turns are due after an answer, not at a time the workload sets
-    return [s.submit_t - trace.start_t - workload.requests[s.index].arrival_s for s in trace.sequences
-            if workload.requests[s.index].turn == 0]
+    return [s.submit_t - trace.start_t - workload.requests[s.index].arrival_s for s in scheduled(trace, workload)]
+
+
+def scheduled(trace: RunTrace, workload: Workload) -> list[SequenceTrace]:
+    """The sequences the workload sends at a time it sets: a session's later turns are due after an answer,
+    with the history so far in their prompt, so neither their lag nor their TTFT says anything of a queue."""
+    return [s for s in trace.sequences if workload.requests[s.index].turn == 0]
 
 
 def behind_schedule(traces: Sequence[RunTrace], workload: Workload) -> str:
@@ -94,11 +98,9 @@ def ttft_rise(trace: RunTrace, workload: Workload) -> tuple[float, float, float]
     import numpy as np
     from scipy.stats import spearmanr
 
-    # only requests the workload schedules: a session's later turn is sent after an answer, with its history
-    # in the prompt, so its TTFT rises with its turn whether or not a queue grows (a 6-session chat on a busy
-    # 2-core CPU read 9 ms -> 95 ms "saturated", 2026-12-05)
-    points = sorted((s.submit_t, s.chunks[0].t - s.submit_t) for s in trace.sequences
-                    if s.ok and workload.requests[s.index].turn == 0)
+    # a session's later turns would read as saturation: a 6-session chat on a busy 2-core CPU went 9 ms -> 95 ms
+    # (2026-12-05) with its history growing, not a queue
+    points = sorted((s.submit_t, s.chunks[0].t - s.submit_t) for s in scheduled(trace, workload) if s.ok)
     if len(points) < MIN_SATURATION_REQUESTS:
         return None
     arrival, ttft = np.array(points).T
