@@ -23,8 +23,13 @@ if [ -f .vllm-cache/cache.tgz ] && [ ! -f "$VLLM_CACHE_ROOT/.unpacked" ]; then
 fi
 start=$(date +%s)
 # GATE_TESTS: the perf-gate workflow's PERF_TESTS unless given; GATE_CLASS: the runner's hardware class (its
-# `-m` selection and baselines/<class>/), h200 unless given
-cls=${GATE_CLASS:-h200}
+# `-m` selection and baselines/<class>/), unless given the lent card's (a device asked for an H200 may lend an H100)
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+  *H100*) found=h100 ;;
+  *) found=h200 ;;
+esac
+cls=${GATE_CLASS:-$found}
+echo "$label: hardware class $cls"
 timeout "${BUDGET_S:-520}" python3 -m pytest -p pytest_llmperf.plugin -p no:cacheprovider ${GATE_TESTS:-perf_tests/test_latency.py perf_tests/test_paging.py} \
   -m "$cls" --llmperf-model=shape:llama-3.1-8b --llmperf-baseline="$mode" \
   --llmperf-tolerance=0.10,output_tokens_per_s=0.05 --llmperf-report="$OUT/$label" -v -rA "$@" > "$OUT/$label.log" 2>&1
