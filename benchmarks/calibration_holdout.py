@@ -15,6 +15,11 @@ calibrated from all N unchanged runs: each one a regression caught or missed.
 With `--as-shipped RUN/results.json ...`: runs the stored calibration never saw, judged against the
 baselines as they are (calibration included): the gate's own first pass, run by run.
 
+With `--unseen`: each calibrated test in turn as a test no calibration has seen (one added, or recorded
+again, since the last `calibrate`): its calibration removed, every run's first pass of it judged with
+the allowances the gate then lends it from the suite's other tests (`calibration.suite_allowances`),
+and with none; with `--scaled-loss`, also each run made that much slower, and each `--slower` run.
+
 With `--scaled-loss 0.10`: each held-out run is also judged with every timing figure made that much
 worse (throughput times 0.9, latencies divided by 0.9). A proxy, not a measurement: a real slowdown
 does not stretch every latency alike (queueing grows more). It says whether the calibrated allowances
@@ -49,7 +54,8 @@ def failing(root: Path, run: dict[str, Any]) -> list[str]:
         if stored is None or not test["results"]:
             continue
         verdict = bl.compare(stored, [bl.Entry.from_dict(r) for r in test["results"]], per_metric, default,
-                             gated=bl.recorded_gate(test))
+                             gated=bl.recorded_gate(test),
+                             borrowed=calibration.borrowed(stored, root, session["hardware"], session["model"]))
         out += [f"{test['test'].split('::')[-1]} {r.label} {r.metric} {r.change:+.1%}/{r.allowed:.1%}"
                 for r in verdict.regressions]
     return out
@@ -89,6 +95,53 @@ def calibrated_copy(src: Path, runs: list[dict[str, Any]], into: Path) -> Path:
     return root
 
 
+def without_calibration(root: Path, test_id: str, hardware: str, model: str) -> None:
+    """Test `test_id`'s baseline under `root` as if no calibration had seen it."""
+    path = bl.path_for(root, test_id, hardware, model)
+    doc = bl.load(path)
+    for entry in doc["entries"] if doc else []:
+        entry.pop("calibration", None)
+        entry.pop("calibration_runs", None)
+    if doc:
+        bl.write(path, doc)
+
+
+def unseen(src: Path, runs: dict[str, dict[str, Any]], slower: dict[str, dict[str, Any]], loss: float) -> None:
+    """Each calibrated test judged as one no calibration has seen, with the suite's allowances and without."""
+    session = next(iter(runs.values()))["session"]
+    hardware, model = session["hardware"], session["model"]
+    tests = sorted(key[0] for key in calibration.stored_deviations(src, hardware, model))
+    counts = Counter()
+    for test_id in dict.fromkeys(tests):
+        name = test_id.split("::")[-1]
+        with tempfile.TemporaryDirectory() as tmp:
+            lent, plain = Path(tmp) / "lent", Path(tmp) / "plain"
+            shutil.copytree(src, lent)
+            without_calibration(lent, test_id, hardware, model)
+            shutil.copytree(uncalibrated_copy(src, Path(tmp)), plain)
+            for kind, judged in (("unchanged", runs), ("slower", slower)):
+                for path, run in judged.items():
+                    if not any(t["test"] == test_id and t["results"] for t in run["tests"]):
+                        continue
+                    for how, root in (("lent", lent), ("none", plain)):
+                        found = [f for f in failing(root, run) if f.split()[0] == name]
+                        counts[kind, how, "judged"] += 1
+                        counts[kind, how, "failing"] += bool(found)
+                        if kind == "unchanged" and loss:
+                            counts["scaled", how, "caught"] += any(f.split()[0] == name for f in failing(root, scaled(run, loss)))
+                        if found and (kind == "slower" or how == "lent"):
+                            print(f"{kind:<9} {how:<4} {path[-24:]:<24} {'; '.join(found)}")
+    for how, text in (("lent", "with the suite's allowances"), ("none", "with no calibration")):
+        n = counts["unchanged", how, "judged"]
+        line = f"unseen tests {text}: {counts['unchanged', how, 'failing']} of {n} unchanged first passes regressed"
+        if loss:
+            line += f"; made {loss:.0%} slower: {counts['scaled', how, 'caught']} of {n} caught"
+        if slower:
+            line += f"; slower runs: {counts['slower', how, 'failing']} of {counts['slower', how, 'judged']} caught"
+        print(line)
+    emit("calibration_unseen", {f"{a}_{b}_{c}": v for (a, b, c), v in sorted(counts.items())})
+
+
 def as_shipped(root: Path, paths: list[str]) -> None:
     """Each run's first pass against the stored baselines and their calibration, as the gate judged it."""
     rows = [{"run": path, "failing": failing(root, load(path))} for path in paths]
@@ -105,10 +158,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--slower", nargs="*", default=[])
     ap.add_argument("--scaled-loss", type=float, default=0.0, help="also judge each held-out run made this much slower")
     ap.add_argument("--as-shipped", nargs="*", default=[], help="runs to judge against the baselines as they are")
+    ap.add_argument("--unseen", action="store_true", help="judge each calibrated test as one no calibration has seen")
     ap.add_argument("runs", nargs="*")
     args = ap.parse_args(argv)
     if args.as_shipped:
         as_shipped(Path(args.baselines), args.as_shipped)
+    if args.unseen:
+        unseen(Path(args.baselines), {p: load(p) for p in args.runs}, {p: load(p) for p in args.slower}, args.scaled_loss)
+        return 0
     if not args.runs:
         return 0
     runs = [load(p) for p in args.runs]

@@ -348,10 +348,12 @@ def _round(value: Any) -> Any:
 # -- comparison ------------------------------------------------------------------------------------
 def compare(stored: Mapping[str, Any], current: Sequence[Entry], tolerances: Mapping[str, float] | None = None,
             default_tolerance: float = DEFAULT_TOLERANCE, paging: str = "strict",
-            gated: frozenset[str] | None = None) -> Verdict:
+            gated: frozenset[str] | None = None, borrowed: Mapping[str, float] | None = None) -> Verdict:
     """Every label on its own: compared when the baseline holds it for the same engine and workload,
     else named as missing, stale or of another engine, while the other labels are still judged. `gated`
-    (a test's `llmperf_gate`) replaces the default choice of what fails: the rest is reported."""
+    (a test's `llmperf_gate`) replaces the default choice of what fails: the rest is reported. `borrowed`:
+    per metric, the allowance a result without a calibration of its own takes from its suite
+    (`calibration.suite_allowances`)."""
     tolerances = tolerances or {}
     by_label = {e["label"]: Entry.from_dict(e) for e in stored["entries"]}
     rows: list[Row] = []
@@ -362,7 +364,8 @@ def compare(stored: Mapping[str, Any], current: Sequence[Entry], tolerances: Map
         stands, note = standing(old, cur)
         labels[cur.label] = stands
         if stands == COMPARED_LABEL:
-            rows.extend(_compare_entry(old, cur, tolerances, default_tolerance, paging, gated))  # type: ignore[arg-type]
+            rows.extend(_compare_entry(old, cur, tolerances, default_tolerance, paging, gated,  # type: ignore[arg-type]
+                                       borrowed or {}))
         else:
             notes.append(note)
     if any(r.verdict in FAILING for r in rows):
@@ -391,7 +394,8 @@ def standing(old: Entry | None, cur: Entry) -> tuple[str, str]:
 
 
 def _compare_entry(old: Entry, cur: Entry, tolerances: Mapping[str, float], default: float,
-                   paging: str = "strict", gated: frozenset[str] | None = None) -> list[Row]:
+                   paging: str = "strict", gated: frozenset[str] | None = None,
+                   borrowed: Mapping[str, float] | None = None) -> list[Row]:
     rows = []
     deterministic = old.deterministic and cur.deterministic
     for metric, higher_better in COMPARED.items():
@@ -399,7 +403,7 @@ def _compare_entry(old: Entry, cur: Entry, tolerances: Mapping[str, float], defa
         if b is None or c is None:
             continue
         b, c = _round(b), _round(c)  # both as stored, so an unchanged run compares equal
-        rows.append(_row(old, cur, metric, b, c, higher_better, deterministic, tolerances, default, gated))
+        rows.append(_row(old, cur, metric, b, c, higher_better, deterministic, tolerances, default, gated, borrowed or {}))
     if deterministic:
         rows.extend(_timeline_rows(old, cur, paging if gated is None or TIMELINE in gated else "summary"))
     return rows
@@ -418,21 +422,26 @@ def _timeline_rows(old: Entry, cur: Entry, paging: str) -> list[Row]:
 
 
 def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better: bool, deterministic: bool,
-         tolerances: Mapping[str, float], default: float, gated: frozenset[str] | None = None) -> Row:
+         tolerances: Mapping[str, float], default: float, gated: frozenset[str] | None = None,
+         borrowed: Mapping[str, float] | None = None) -> Row:
     asked = metric in tolerances
     gated_paging = metric in PAGING and not asked
     exact = gated_paging and deterministic
     tol = 0.0 if exact else tolerances.get(metric, default)
-    calibrated = False
+    calibrated = ""
     if not exact:
         # never tighter than the noise: the spread of this run's repeats, the uncertainty of a
         # percentile of few samples (the order-statistic intervals of both runs, added), how far the
         # baseline's own passes, across two engine starts, landed apart on this metric, or how far
-        # unchanged runs in other jobs landed from it (its calibration)
+        # unchanged runs in other jobs landed from it (its calibration; a result without one, a test
+        # added or recorded again since, takes its suite's: machines differ for it too)
         noise = max(tol, _spread(cur.per_repeat, metric), cur.noise.get(metric, 0.0) + old.noise.get(metric, 0.0),
                     _spread(old.each_pass(), metric))
-        calibrated = old.calibration.get(metric, 0.0) > noise
-        tol = max(noise, old.calibration.get(metric, 0.0))
+        own = old.calibration.get(metric)
+        allowance = own if own is not None else (borrowed or {}).get(metric, 0.0)
+        if allowance > noise:
+            calibrated = " (calibrated)" if own is not None else " (the suite's calibration: this result has none)"
+        tol = max(noise, allowance)
     worse = (c < b) if higher_better else (c > b)
     change = abs(c - b) / abs(b) if b else (math.inf if c != b else 0.0)
 
@@ -459,7 +468,7 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
         return row("improvement")
     if not stats.significant(old.per_repeat, cur.per_repeat, metric, higher_better, SIGNIFICANCE):
         return row("ok", "within noise (not significant across repeats)")
-    reason = f"{'down' if higher_better else 'up'} {change:.1%}, allowed {tol:.1%}{' (calibrated)' if calibrated else ''}"
+    reason = f"{'down' if higher_better else 'up'} {change:.1%}, allowed {tol:.1%}{calibrated}"
     if cur.passes > 1:
         reason += f", in every one of {cur.passes} passes"
     return row("regression", reason)

@@ -36,6 +36,7 @@ from . import baseline as bl
 
 ALPHA = 0.05  # the suite's false-alarm budget per pull request
 MIN_RUNS = 3  # a bound from fewer runs says nothing about their spread
+MIN_RESULTS = 3  # a suite's calibration lends a metric's allowance only where this many results hold one
 DECIMALS = 4  # allowances and the deviations they came from, as the baseline files store them
 
 
@@ -103,6 +104,35 @@ def stored_deviations(root: Path, hardware: str, model: str) -> dict[tuple[str, 
             for metric, runs in entry.calibration_runs.items():
                 out[(doc["test"], entry.label, metric)] = list(runs)
     return out
+
+
+def suite_allowances(root: Path, hardware: str, model: str) -> dict[str, float]:
+    """Per gated timing metric, the median allowance of the calibrated results of this class and model:
+    what a result without a calibration of its own is allowed (a test added, or recorded again, since the
+    last `calibrate`). The spread between machines and days that calibration measures is mostly the
+    class's and the metric's, not one test's: on the H200 gate suite, each latency test judged with the
+    median of the other tests' allowances had 6 first passes regress in 180 unchanged runs, against 13
+    with none, and a 10% slowdown was caught as often (docs/performance.md, "A test no calibration has
+    seen"). Empty where fewer than MIN_RESULTS results hold a calibration of the metric."""
+    found: dict[str, list[float]] = {}
+    folder = bl.folder_for(root, hardware, model)
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            doc = bl.load(path)
+        except bl.BaselineError:
+            continue  # its own test fails on it; another test's comparison does not
+        for entry in doc["entries"] if doc else []:
+            for metric, allowance in entry.get("calibration", {}).items():
+                found.setdefault(metric, []).append(float(allowance))
+    return {metric: statistics.median(a) for metric, a in sorted(found.items()) if len(a) >= MIN_RESULTS}
+
+
+def borrowed(stored: Mapping[str, Any], root: Path, hardware: str, model: str) -> dict[str, float]:
+    """What `baseline.compare` lends the results of `stored` that have no calibration: the suite's
+    allowances, read only then (a calibrated suite's comparisons never scan its folder)."""
+    if all(entry.get("calibration") for entry in stored["entries"]):
+        return {}
+    return suite_allowances(root, hardware, model)
 
 
 def merged(stored: Mapping[tuple[str, str, str], Sequence[float]],

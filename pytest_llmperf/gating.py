@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import baseline, markers, remeasure
+from . import baseline, calibration, markers, remeasure
 from .baseline import BaselineError, Entry, Verdict, label_of, result_entry
 from .runner import LLMPerf
 
@@ -140,7 +140,8 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
         return Verdict(baseline.NO_BASELINE, message=_missing(cfg, path),
                        labels={e.label: baseline.NO_BASELINE for e in current})
     return remeasure.judged_against_baseline(stored, perf, current, {**cfg.tolerances, **tol}, cfg.tolerance,
-                                             cfg.retries, cfg.paging, gated)
+                                             cfg.retries, cfg.paging, gated,
+                                             calibration.borrowed(stored, cfg.root, cfg.hardware, cfg.model))
 
 
 def _recorded(perf: LLMPerf, current: Sequence[Entry], retries: int) -> list[Entry]:

@@ -73,13 +73,14 @@ def limits_measured_again(perf: LLMPerf | None, limits: list[Limit], violations:
 # -- the baseline gate ---------------------------------------------------------------------------------
 def judged_against_baseline(stored: Mapping[str, Any], perf: LLMPerf, current: Sequence[Entry], tol: Mapping[str, float],
           default_tolerance: float, retries: int, paging: str = "strict",
-          gated: frozenset[str] | None = None) -> Verdict:
-    """The comparison, with a second look at a regression that could be noise: a result that regresses
-    on timing metrics only is measured again, up to `retries` times, each time in a fresh start of its
-    engine, and judged by its best pass. A baseline was recorded in another engine start (another CI
-    job), and starts differ where the passes of one start agree; a busy host or an unlucky start slows
-    some passes, a regression slows all of them (docs/performance.md, false alarms)."""
-    verdict = baseline.compare(stored, current, tol, default_tolerance, paging, gated)
+          gated: frozenset[str] | None = None, borrowed: Mapping[str, float] | None = None) -> Verdict:
+    """The comparison (`borrowed`: the suite's allowances, `baseline.compare`), with a second look at a
+    regression that could be noise: a result that regresses on timing metrics only is measured again, up
+    to `retries` times, each time in a fresh start of its engine, and judged by its best pass. A baseline
+    was recorded in another engine start (another CI job), and starts differ where the passes of one
+    start agree; a busy host or an unlucky start slows some passes, a regression slows all of them
+    (docs/performance.md, false alarms)."""
+    verdict = baseline.compare(stored, current, tol, default_tolerance, paging, gated, borrowed)
     suspects = verdict.worth_measuring_again() & set(_result_indices(perf))
     first = set(suspects)
     for n in range(1, retries + 1):
@@ -90,7 +91,7 @@ def judged_against_baseline(stored: Mapping[str, Any], perf: LLMPerf, current: S
         except Exception as e:  # noqa: BLE001 - judged on what was measured; the engine's error is shown
             return replace(verdict, message=_joined(verdict.message, f"could not measure {', '.join(sorted(suspects))} "
                                                     f"again ({type(e).__name__}: {e}); judged on the passes measured"))
-        verdict = baseline.compare(stored, current, tol, default_tolerance, paging, gated)
+        verdict = baseline.compare(stored, current, tol, default_tolerance, paging, gated, borrowed)
         suspects &= verdict.worth_measuring_again()
     cleared = first - {r.label for r in verdict.regressions}
     if cleared:

@@ -47,6 +47,61 @@ def test_a_calibrated_metric_is_never_judged_tighter_than_its_calibration_and_th
     assert "calibration" not in _entry(100.0).to_dict()
 
 
+def _suite(root, allowances, hardware="h200", model="m"):
+    """A folder of calibrated baselines, one result each, with `allowances` for the default gate's timing."""
+    for k, allowance in enumerate(allowances):
+        timing = dict.fromkeys(("output_tokens_per_s", "requests_per_s", "p50_ttft_ms", "p50_tpot_ms"), allowance)
+        doc = baseline.document(f"t{k}", hardware, model, {}, [_entry(100.0, timing)])
+        baseline.write(baseline.path_for(root, f"t{k}", hardware, model), doc)
+
+
+def test_a_result_without_a_calibration_takes_its_suites_median_allowance(tmp_path):
+    """A test added (or recorded again) since the last calibrate: machines differ for it as for the
+    others, so it is judged with the median of the suite's allowances, and the failure says whose."""
+    new = baseline.document("new", "h200", "m", {}, [_entry(100.0)])
+    baseline.write(baseline.path_for(tmp_path, "new", "h200", "m"), new)
+    _suite(tmp_path, [0.10, 0.20])
+    assert calibration.suite_allowances(tmp_path, "h200", "m") == {}  # two results say too little
+    lent = calibration.borrowed(new, tmp_path, "h200", "m")
+    assert baseline.compare(new, [_entry(85.0)], borrowed=lent).status == "regression"  # the 10% default
+
+    _suite(tmp_path, [0.10, 0.20, 0.30])
+    (tmp_path / "h200" / "m" / "broken.json").write_text("{")  # its own test fails on it; this one reads on
+    lent = calibration.borrowed(new, tmp_path, "h200", "m")
+    assert lent["output_tokens_per_s"] == pytest.approx(0.20) and lent["p50_ttft_ms"] == pytest.approx(0.20)
+    assert baseline.compare(new, [_entry(85.0)], borrowed=lent).status == "pass"
+    failed = baseline.compare(new, [_entry(75.0)], borrowed=lent)
+    assert failed.regressions[0].reason == "down 25.0%, allowed 20.0% (the suite's calibration: this result has none)"
+    # a result with a calibration of its own keeps it, tighter or not, and nothing is read for it
+    own = baseline.document("own", "h200", "m", {}, [_entry(100.0, {"output_tokens_per_s": 0.12})])
+    assert calibration.borrowed(own, tmp_path, "h200", "m") == {}
+    assert baseline.compare(own, [_entry(85.0)], borrowed=lent).regressions[0].reason == "down 15.0%, allowed 12.0% (calibrated)"
+    # other classes and models lend nothing to each other
+    assert calibration.suite_allowances(tmp_path, "h100", "m") == {}
+
+
+def test_the_gate_lends_the_suites_calibration_to_a_test_recorded_since(tmp_path):
+    """The baseline gate end to end on a FAKE engine (plugin mechanics, fake_engine.py): a test recorded
+    after its suite was calibrated is judged with the suite's allowance, in every pass it measures."""
+    from fake_engine import WORKLOAD, FakeWarmingEngine
+
+    from pytest_llmperf.gating import GateConfig, gate
+    from pytest_llmperf.runner import LLMPerf
+
+    def judged(mode, durations):
+        perf = LLMPerf()
+        perf.run(FakeWarmingEngine(durations), WORKLOAD, warmup=False)
+        return gate("t", perf, GateConfig(mode, tmp_path, 0.10, "cpu", "m", retries=0), {}, {})
+
+    judged("update", [1.0])
+    assert judged("compare", [1.25]).status == "regression"  # down 20%: nothing to lend yet
+    _suite(tmp_path, [0.25, 0.30, 0.35], hardware="cpu")
+    assert judged("compare", [1.25]).status == "pass"
+    slower = judged("compare", [1.6])  # down 37.5%
+    row = next(r for r in slower.regressions if r.metric == "output_tokens_per_s")
+    assert row.reason == "down 37.5%, allowed 30.0% (the suite's calibration: this result has none)"
+
+
 TEST = """
 import pytest
 from pytest_llmperf import Workload
