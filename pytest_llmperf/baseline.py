@@ -437,10 +437,10 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
         # added or recorded again since, takes its suite's: machines differ for it too)
         noise = max(tol, _spread(cur.per_repeat, metric), cur.noise.get(metric, 0.0) + old.noise.get(metric, 0.0),
                     _spread(old.each_pass(), metric))
-        own = old.calibration.get(metric)
-        allowance = own if own is not None else (borrowed or {}).get(metric, 0.0)
+        own = bool(old.calibration)
+        allowance = (old.calibration if own else borrowed or {}).get(metric, 0.0)
         if allowance > noise:
-            calibrated = " (calibrated)" if own is not None else " (the suite's calibration: this result has none)"
+            calibrated = " (calibrated)" if own else " (the suite's calibration: this result has none)"
         tol = max(noise, allowance)
     worse = (c < b) if higher_better else (c > b)
     change = abs(c - b) / abs(b) if b else (math.inf if c != b else 0.0)
