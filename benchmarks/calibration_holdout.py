@@ -44,12 +44,14 @@ from pytest_llmperf import calibration
 from pytest_llmperf.report import load
 
 
-def failing(root: Path, run: dict[str, Any]) -> list[str]:
-    """The tests of `run` whose first pass regresses against the baselines under `root`."""
+def failing(root: Path, run: dict[str, Any], only: str | None = None) -> list[str]:
+    """The tests of `run` (or test `only`) whose first pass regresses against the baselines under `root`."""
     session = run["session"]
     default, per_metric = bl.recorded_tolerance(run)
     out = []
     for test in run["tests"]:
+        if only is not None and test["test"] != only:
+            continue
         stored = bl.load(bl.path_for(root, test["test"], session["hardware"], session["model"]))
         if stored is None or not test["results"]:
             continue
@@ -66,12 +68,18 @@ def uncalibrated_copy(src: Path, into: Path) -> Path:
     root = into / "uncalibrated"
     shutil.copytree(src, root)
     for path in root.rglob("*.json"):
-        doc = bl.load(path)
-        if doc is not None and doc.pop("calibrated", None) is not None:
-            for entry in doc["entries"]:
-                entry.pop("calibration", None)
-            bl.write(path, doc)
+        without_calibration(path)
     return root
+
+
+def without_calibration(path: Path) -> None:
+    """The baseline at `path` as if no calibration had seen it."""
+    doc = bl.load(path)
+    if doc is not None and doc.pop("calibrated", None) is not None:
+        for entry in doc["entries"]:
+            entry.pop("calibration", None)
+            entry.pop("calibration_runs", None)
+        bl.write(path, doc)
 
 
 def scaled(run: dict[str, Any], loss: float) -> dict[str, Any]:
@@ -95,40 +103,28 @@ def calibrated_copy(src: Path, runs: list[dict[str, Any]], into: Path) -> Path:
     return root
 
 
-def without_calibration(root: Path, test_id: str, hardware: str, model: str) -> None:
-    """Test `test_id`'s baseline under `root` as if no calibration had seen it."""
-    path = bl.path_for(root, test_id, hardware, model)
-    doc = bl.load(path)
-    for entry in doc["entries"] if doc else []:
-        entry.pop("calibration", None)
-        entry.pop("calibration_runs", None)
-    if doc:
-        bl.write(path, doc)
-
-
 def unseen(src: Path, runs: dict[str, dict[str, Any]], slower: dict[str, dict[str, Any]], loss: float) -> None:
     """Each calibrated test judged as one no calibration has seen, with the suite's allowances and without."""
     session = next(iter(runs.values()))["session"]
     hardware, model = session["hardware"], session["model"]
-    tests = sorted(key[0] for key in calibration.stored_deviations(src, hardware, model))
     counts = Counter()
-    for test_id in dict.fromkeys(tests):
-        name = test_id.split("::")[-1]
-        with tempfile.TemporaryDirectory() as tmp:
-            lent, plain = Path(tmp) / "lent", Path(tmp) / "plain"
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = uncalibrated_copy(src, Path(tmp))
+        for test_id in sorted({key[0] for key in calibration.stored_deviations(src, hardware, model)}):
+            lent = Path(tmp) / "lent"
+            shutil.rmtree(lent, ignore_errors=True)
             shutil.copytree(src, lent)
-            without_calibration(lent, test_id, hardware, model)
-            shutil.copytree(uncalibrated_copy(src, Path(tmp)), plain)
+            without_calibration(bl.path_for(lent, test_id, hardware, model))
             for kind, judged in (("unchanged", runs), ("slower", slower)):
                 for path, run in judged.items():
                     if not any(t["test"] == test_id and t["results"] for t in run["tests"]):
                         continue
                     for how, root in (("lent", lent), ("none", plain)):
-                        found = [f for f in failing(root, run) if f.split()[0] == name]
+                        found = failing(root, run, test_id)
                         counts[kind, how, "judged"] += 1
                         counts[kind, how, "failing"] += bool(found)
                         if kind == "unchanged" and loss:
-                            counts["scaled", how, "caught"] += any(f.split()[0] == name for f in failing(root, scaled(run, loss)))
+                            counts["scaled", how, "caught"] += bool(failing(root, scaled(run, loss), test_id))
                         if found and (kind == "slower" or how == "lent"):
                             print(f"{kind:<9} {how:<4} {path[-24:]:<24} {'; '.join(found)}")
     for how, text in (("lent", "with the suite's allowances"), ("none", "with no calibration")):

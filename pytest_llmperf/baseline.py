@@ -365,7 +365,7 @@ def compare(stored: Mapping[str, Any], current: Sequence[Entry], tolerances: Map
         labels[cur.label] = stands
         if stands == COMPARED_LABEL:
             rows.extend(_compare_entry(old, cur, tolerances, default_tolerance, paging, gated,  # type: ignore[arg-type]
-                                       borrowed or {}))
+                                       borrowed))
         else:
             notes.append(note)
     if any(r.verdict in FAILING for r in rows):
@@ -403,7 +403,7 @@ def _compare_entry(old: Entry, cur: Entry, tolerances: Mapping[str, float], defa
         if b is None or c is None:
             continue
         b, c = _round(b), _round(c)  # both as stored, so an unchanged run compares equal
-        rows.append(_row(old, cur, metric, b, c, higher_better, deterministic, tolerances, default, gated, borrowed or {}))
+        rows.append(_row(old, cur, metric, b, c, higher_better, deterministic, tolerances, default, gated, borrowed))
     if deterministic:
         rows.extend(_timeline_rows(old, cur, paging if gated is None or TIMELINE in gated else "summary"))
     return rows
