@@ -49,6 +49,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
+        if fault == "empty":  # ended at once, no token: as a server that aborted the request answers
+            self.wfile.write(b'data: {"choices": [{"index": 0, "text": "", "token_ids": [], "finish_reason": "abort"}]}\n\n')
+            self.wfile.write(b"data: [DONE]\n\n")
+            return
         for i in range(body["max_tokens"]):
             if fault == "cut" and i == 2:
                 return  # connection closes without [DONE]
@@ -72,7 +76,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class FakeServer:
-    """`faults` maps a prompt length to "500", "cut" or "slow"; every other request succeeds. `/health`
+    """`faults` maps a prompt length to "500", "cut", "slow" or "empty"; every other request succeeds. `/health`
     answers 404 (a server without one) until `health` is set to a status."""
 
     def __init__(self, faults: dict[int, str]):

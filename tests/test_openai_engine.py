@@ -22,19 +22,22 @@ WORKLOAD = Workload.offline(8, prompt_len=(16, 200), output_len=(4, 32), seed=3)
 # -- fault handling (fake server: plugin mechanics only) -------------------------------------------
 def test_failed_requests_are_counted_with_their_reasons(openai_engine_factory, llmperf, monkeypatch):
     monkeypatch.setenv("LLMPERF_TEST_KEY", "s3cret")
-    server = FakeServer({11: "500", 12: "cut", 13: "slow"})
+    server = FakeServer({11: "500", 12: "cut", 13: "slow", 15: "empty"})
     try:
         engine = openai_engine_factory(base_url=server.base_url, api_key_env="LLMPERF_TEST_KEY", vocab_size=1000,
                                        request_timeout_s=1.0)
-        w = Workload(tuple(Request(p, 5) for p in (10, 11, 12, 13, 14)), seed=1)
+        w = Workload(tuple(Request(p, 5) for p in (10, 11, 12, 13, 14, 15)), seed=1)
         r = llmperf.run(engine, w, warmup=False)
     finally:
         server.stop()
-    assert r.failed == 3 and r.n_sequences == 5 and r.error_rate == pytest.approx(0.6)
+    assert r.failed == 4 and r.n_sequences == 6 and r.error_rate == pytest.approx(4 / 6)
     text = " ".join(r.errors)
     assert "request 1.0: HTTP 500" in text and "request 2.0: stream cut after 2 chunks (no [DONE])" in text
     assert "request 3.0: timed out after 1s" in text
-    assert [s.index for s in r.sequences if s.ttft is not None] == [0, 4]
+    # a stream that ended properly but carried no token is a failure that says what the server sent
+    assert ("request 5.0: no tokens: the stream ended with [DONE] after 1 chunks, finish_reason 'abort', usage "
+            "completion_tokens None") in text
+    assert len(r.errors) == r.failed and [s.index for s in r.sequences if s.ttft is not None] == [0, 4]
     assert set(server.auth_headers) == {"Bearer s3cret"}
     assert "s3cret" not in json.dumps(engine.config) and engine.config["api_key_env"] == "LLMPERF_TEST_KEY"
     llmperf.results.clear()  # the failures were the point here; don't let max_error_rate(0) judge them
@@ -224,8 +227,10 @@ def test_streams_from_a_real_vllm_server_with_exact_token_counts(served, openai_
     assert engine.version == vllm.__version__ and engine.max_model_len == 4096
     longer = Workload.offline(16, prompt_len=(64, 300), output_len=(128, 256), seed=3)  # seconds: many scrapes
     r = llmperf.run(engine, longer)
-    assert r.failed == 0 and r.ttft.count == 16 and r.tpot.count == 16 and r.itl.count > 0
+    assert r.failed == 0, r.errors
+    assert r.ttft.count == 16 and r.tpot.count == 16 and r.itl.count > 0
     trace = engine.run(longer)
+    assert not [(s.index, s.error) for s in trace.sequences if s.error]
     assert [s.output_tokens for s in trace.sequences] == [q.output_len for q in longer.requests]  # the server's
     # paging over HTTP from /metrics: usage seen by scrapes answered while requests held blocks, and the
     # prefix-cache counters; no fragmentation

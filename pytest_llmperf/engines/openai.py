@@ -316,8 +316,10 @@ class OpenAIEngine(Engine):
         count = self._count_tokens if self._count_by_tokenizer else None
         # a server reports its own timing and cache hits per request, so for one sequence only (n=1)
         own = dict(cached_tokens=stream.cached_tokens, server_times=stream.server_times) if req.n == 1 else {}
-        return [SequenceTrace(i, k, prompt_len, req.output_len, submit, tuple(stream.chunks_of(k, count)), stream.error,
-                              **own) for k in range(req.n)]
+        chunks = [tuple(stream.chunks_of(k, count)) for k in range(req.n)]
+        return [SequenceTrace(i, k, prompt_len, req.output_len, submit, chunks[k],
+                              stream.error or (None if chunks[k] else stream.empty_reason(k)), **own)
+                for k in range(req.n)]
 
     async def _stream(self, client: Any, workload: Workload, i: int, salt: int, stream: _Stream,
                       on_first_token: Callable[[], None]) -> None:
@@ -404,6 +406,7 @@ class _Stream:
         self.completion_tokens: int | None = None
         self.cached_tokens: int | None = None  # usage.prompt_tokens_details (vllm serve --enable-prompt-tokens-details)
         self.server_times: ServerTimes | None = None  # the last chunk's `metrics` (--enable-per-request-metrics)
+        self.finish: dict[int, str] = {}  # per choice, the finish_reason the server gave
 
     def feed(self, line: str, t: float) -> None:
         if not line.startswith("data:"):
@@ -431,11 +434,20 @@ class _Stream:
             self.server_times = ServerTimes(timing.get("queue_time_ms"), timing.get("time_to_first_token_ms"),
                                             timing.get("generation_time_ms"))
         for choice in event.get("choices") or ():
+            if choice.get("finish_reason"):
+                self.finish[choice.get("index", 0)] = choice["finish_reason"]
             ids = choice.get("token_ids")
             text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
             self.times[choice.get("index", 0)].append((t, len(ids) if ids is not None else None, bool(text)))
             if text:
                 self.texts[choice.get("index", 0)].append(text)
+
+    def empty_reason(self, k: int) -> str:
+        """Why choice `k` failed although the stream raised nothing: it carried no token (a sequence with
+        no token is a failed one, and its failure says what the server sent instead)."""
+        ended = "ended with [DONE]" if self.done else "ended without [DONE]"
+        return (f"no tokens: the stream {ended} after {self.chunks_seen} chunks, finish_reason "
+                f"{self.finish.get(k)!r}, usage completion_tokens {self.completion_tokens!r}")
 
     def chunks_of(self, k: int, count: Callable[[str], int] | None = None) -> list[Chunk]:
         """Chunks that carried tokens. Exact counts where the server sent token ids; else one token per
