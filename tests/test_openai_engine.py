@@ -234,9 +234,14 @@ def test_streams_from_a_real_vllm_server_with_exact_token_counts(served, openai_
     assert [s.output_tokens for s in trace.sequences] == [q.output_len for q in longer.requests]  # the server's
     # paging over HTTP from /metrics: usage seen by scrapes answered while requests held blocks, and the
     # prefix-cache counters; no fragmentation
-    during = trace.extra["metrics_scrapes_during_run"]
-    print(f"/metrics scrapes answered during the run: {during}")
-    assert during > 0 and "usage" in trace.kv_measures and max(k.blocks_used for k in trace.kv) > 0
+    during, answer_ms = trace.extra["metrics_scrapes_during_run"], trace.extra["metrics_answer_ms"]
+    print(f"/metrics scrapes answered during the run: {during}, in {answer_ms} ms (median)")
+    if during == 0:  # a server starved of CPU for the whole run (2 of 24 runs beside another vllm serve,
+        # 2026-12-05): then usage is unmeasured, said so, and only then (the next test is about that)
+        assert answer_ms is None or answer_ms > STARVED_ANSWER_MS, answer_ms
+        assert "no /metrics scrape saw a request in flight" in trace.unmeasured["usage"]
+    else:
+        assert "usage" in trace.kv_measures and max(k.blocks_used for k in trace.kv) > 0
     assert r.kv.preemptions == 0 and r.kv.prefix_hit_rate is not None
     assert r.kv.fragmentation_max is None and r.kv.block_size == 32 and r.kv.blocks_total == 255
     assert served.alive and served.log_path.exists()
