@@ -22,6 +22,10 @@ class _Handler(BaseHTTPRequestHandler):
             if self.server.health_calls > 1 and self.server.slow_health > 0:  # too busy to answer at once
                 self.server.slow_health -= 1
                 time.sleep(0.5)
+            if self.server.health_calls > 1 and self.server.dropped_health > 0:  # closed, no answer
+                self.server.dropped_health -= 1  # as a keep-alive connection closed while reused looks
+                self.close_connection = True
+                return
             self.send_response(self.server.health)  # 503: vLLM's answer once its engine core is dead
             self.send_header("Content-Length", "0")
             self.end_headers()
@@ -84,6 +88,7 @@ class FakeServer:
         self.httpd.faults = faults
         self.httpd.health = None
         self.httpd.slow_health = 0  # this many /health answers after the first take 0.5 s
+        self.httpd.dropped_health = 0  # this many /health requests after the first get no answer at all
         self.httpd.health_calls = 0
         self.httpd.auth = []
         self.httpd.pages = {}  # path -> body of a GET answered with 200
@@ -96,8 +101,9 @@ class FakeServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
 
-    def set_health(self, status: int | None, slow: int = 0) -> None:
+    def set_health(self, status: int | None, slow: int = 0, dropped: int = 0) -> None:
         self.httpd.health, self.httpd.slow_health, self.httpd.health_calls = status, slow, 0
+        self.httpd.dropped_health = dropped
 
     @property
     def auth_headers(self) -> list:

@@ -60,6 +60,29 @@ def test_a_server_that_went_away_fails_the_next_run_in_seconds(openai_engine_fac
     assert time.monotonic() - t < 10 and not engine.alive  # the pool asks afresh next time
 
 
+@pytest.mark.parametrize("dropped", [1, 1000])
+def test_a_health_answer_lost_once_is_asked_again_before_a_run_is_stopped(openai_engine_factory, llmperf, dropped):
+    """The fake server (plugin mechanics) closes a /health connection without an answer during a run, as
+    a keep-alive connection closed by the server while the client reuses it looks (seen beside another
+    vllm serve on 2 cores): once, the run goes on; every time, it stops with both errors."""
+    server = FakeServer({})
+    server.set_health(200)
+    engine = openai_engine_factory(base_url=server.base_url, vocab_size=1000)
+    server.set_health(200, dropped=dropped)
+    w = Workload.poisson(qps=4, n=12, prompt_len=(16, 64), output_len=(4, 8), seed=6)  # about 3 s
+    try:
+        if dropped == 1:
+            assert llmperf.run(engine, w, warmup=False).failed == 0
+            assert server.httpd.dropped_health == 0  # it was dropped, and asked again
+        else:
+            with pytest.raises(EngineError, match=r"stopped answering \(RemoteProtocolError: .*; asked again: "
+                                                  r"RemoteProtocolError: .*\) during this run"):
+                llmperf.run(engine, w, warmup=False)
+            llmperf.results.clear()  # the failure was the point here
+    finally:
+        server.stop()
+
+
 # a timed workload: 24 requests arriving over about 12 s, so that a server lost early leaves most unsent
 TIMED = Workload.poisson(qps=2, n=24, prompt_len=(16, 64), output_len=(4, 8), seed=5)
 

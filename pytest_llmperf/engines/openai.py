@@ -40,6 +40,10 @@ HEALTH_TIMEOUT_S = 5.0  # a server that cannot answer /health this fast is not r
 HEALTH_POLL_S = 1.0  # /health is asked this often during a run: a server gone is noticed in seconds
 DOWN_GRACE_S = 5.0  # requests in flight when the server went down get this long to end on their own
 SLOW_HEALTH_LIMIT = 3  # /health timeouts in a row (each HEALTH_TIMEOUT_S) that count as a server gone
+# A pooled connection idle longer than this is closed, not reused: servers close idle keep-alive connections
+# after 5 s (uvicorn's default, so vllm serve's and SGLang's; llama.cpp's), and a request sent on one as the
+# server closes it fails with "Server disconnected without sending a response" (httpx's own expiry is 5 s).
+KEEPALIVE_EXPIRY_S = 2.0
 
 DEFAULTS: dict[str, Any] = {
     "base_url": None,  # e.g. http://127.0.0.1:8000/v1
@@ -234,16 +238,33 @@ class OpenAIEngine(Engine):
                 problem = (f"did not answer /health within {HEALTH_TIMEOUT_S:.0f} s {slow} times in a row"
                            if slow >= SLOW_HEALTH_LIMIT else None)
             except self._httpx.HTTPError as e:
-                problem = f"stopped answering ({type(e).__name__}: {e})"
+                problem, slow = await self._asked_again(e, slow)
             if problem is not None:
                 found.append(problem)
                 down.set()
                 return
 
+    async def _asked_again(self, error: Exception, slow: int) -> tuple[str | None, int]:
+        """A /health that failed on the pool's connection, asked once more on a connection of its own:
+        a connection the server closed as it was reused fails as a dead server does, and must not throw a
+        run away (it did, 1 of 24 runs beside another vllm serve on 2 cores, 2026-12-05). A server that is
+        gone refuses this one too. Returns the problem, if any, and the count of slow answers in a row."""
+        try:
+            async with self._httpx.AsyncClient(headers=self._headers(), timeout=HEALTH_TIMEOUT_S) as fresh:
+                status = (await fresh.get(self._root() + "/health")).status_code
+        except self._httpx.TimeoutException:
+            slow += 1
+            return (f"did not answer /health within {HEALTH_TIMEOUT_S:.0f} s {slow} times in a row"
+                    if slow >= SLOW_HEALTH_LIMIT else None), slow
+        except self._httpx.HTTPError as again:
+            return f"stopped answering ({type(error).__name__}: {error}; asked again: {type(again).__name__}: {again})", slow
+        return _health_verdict(status, self._root()), 0
+
     async def _run(self, workload: Workload, salt: int) -> tuple[RunTrace, str | None]:
         httpx = self._httpx
         limits = httpx.Limits(max_connections=self._cfg["max_connections"] + 1,  # one for /health
-                              max_keepalive_connections=self._cfg["max_connections"] + 1)
+                              max_keepalive_connections=self._cfg["max_connections"] + 1,
+                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
         timeout = httpx.Timeout(self._cfg["request_timeout_s"], connect=10.0)
         down, found = asyncio.Event(), []
         async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=self._headers()) as client:
