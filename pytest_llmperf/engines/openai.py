@@ -247,7 +247,7 @@ class OpenAIEngine(Engine):
     async def _asked_again(self, error: Exception, slow: int) -> tuple[str | None, int]:
         """A /health that failed on the pool's connection, asked once more on a connection of its own:
         a connection the server closed as it was reused fails as a dead server does, and must not throw a
-        run away (it did, 1 of 24 runs beside another vllm serve on 2 cores, 2026-12-05). A server that is
+        run away (it did, 1 of 30 runs of a test beside another vllm serve on 2 cores, 2026-12-05). A server that is
         gone refuses this one too. Returns the problem, if any, and the count of slow answers in a row."""
         try:
             async with self._httpx.AsyncClient(headers=self._headers(), timeout=HEALTH_TIMEOUT_S) as fresh:
