@@ -230,35 +230,38 @@ class OpenAIEngine(Engine):
         while True:
             await asyncio.sleep(HEALTH_POLL_S)
             try:
-                problem = _health_verdict((await client.get(self._root() + "/health",
-                                                            timeout=HEALTH_TIMEOUT_S)).status_code, self._root())
+                problem = _health_verdict(await self._health_status(client), self._root())
                 slow = 0
             except self._httpx.TimeoutException:
                 slow += 1
                 problem = (f"did not answer /health within {HEALTH_TIMEOUT_S:.0f} s {slow} times in a row"
                            if slow >= SLOW_HEALTH_LIMIT else None)
             except self._httpx.HTTPError as e:
-                problem, slow = await self._asked_again(e, slow)
+                first = e.__cause__
+                problem = (f"stopped answering ({type(first).__name__}: {first}; asked again: "
+                           f"{type(e).__name__}: {e})")
             if problem is not None:
                 found.append(problem)
                 down.set()
                 return
 
-    async def _asked_again(self, error: Exception, slow: int) -> tuple[str | None, int]:
-        """A /health that failed on the pool's connection, asked once more on a connection of its own:
-        a connection the server closed as it was reused fails as a dead server does, and must not throw a
-        run away (it did, 1 of 30 runs of a test beside another vllm serve on 2 cores, 2026-12-05). A server that is
-        gone refuses this one too. Returns the problem, if any, and the count of slow answers in a row."""
+    async def _health_status(self, client: Any) -> int:
+        """/health's status, asked on the pool's connection and, where that fails short of a timeout, once
+        more on a connection of its own: a connection the server closed as it was reused fails as a dead
+        server does, and must not throw a run away (it did, 1 of 30 runs of a test beside another vllm
+        serve on 2 cores, 2026-12-05). A server that is gone refuses the second one too, raised with the
+        first as its cause."""
+        url = self._root() + "/health"
         try:
-            async with self._httpx.AsyncClient(headers=self._headers(), timeout=HEALTH_TIMEOUT_S) as fresh:
-                status = (await fresh.get(self._root() + "/health")).status_code
+            return (await client.get(url, timeout=HEALTH_TIMEOUT_S)).status_code
         except self._httpx.TimeoutException:
-            slow += 1
-            return (f"did not answer /health within {HEALTH_TIMEOUT_S:.0f} s {slow} times in a row"
-                    if slow >= SLOW_HEALTH_LIMIT else None), slow
-        except self._httpx.HTTPError as again:
-            return f"stopped answering ({type(error).__name__}: {error}; asked again: {type(again).__name__}: {again})", slow
-        return _health_verdict(status, self._root()), 0
+            raise
+        except self._httpx.HTTPError as first:
+            try:
+                async with self._httpx.AsyncClient(headers=self._headers(), timeout=HEALTH_TIMEOUT_S) as fresh:
+                    return (await fresh.get(url)).status_code
+            except self._httpx.HTTPError as again:
+                raise again from first
 
     async def _run(self, workload: Workload, salt: int) -> tuple[RunTrace, str | None]:
         httpx = self._httpx
@@ -466,8 +469,8 @@ class _Stream:
     def empty_reason(self, k: int) -> str:
         """Why choice `k` failed although the stream raised nothing: it carried no token (a sequence with
         no token is a failed one, and its failure says what the server sent instead)."""
-        ended = "ended with [DONE]" if self.done else "ended without [DONE]"
-        return (f"no tokens: the stream {ended} after {self.chunks_seen} chunks, finish_reason "
+        # a stream that did not reach [DONE] has its own error (`_stream`): this one ended properly
+        return (f"no tokens: the stream ended with [DONE] after {self.chunks_seen} chunks, finish_reason "
                 f"{self.finish.get(k)!r}, usage completion_tokens {self.completion_tokens!r}")
 
     def chunks_of(self, k: int, count: Callable[[str], int] | None = None) -> list[Chunk]:
