@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from _emit import emit
+from _pytest_args import split
 
 from pytest_llmperf import baseline as bl
 from pytest_llmperf.baseline import Entry
@@ -113,10 +114,7 @@ def judge(args: argparse.Namespace, runs: list[Path]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    pytest_args: list[str] = []
-    if "--" in argv:
-        at = argv.index("--")
-        argv, pytest_args = argv[:at], argv[at + 1:]
+    argv, pytest_args = split(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run")

@@ -6,14 +6,14 @@ compared in others, each with its own engine starts, exactly as two CI jobs woul
 fails a test), so every red test here is one a pull request would have seen. A suite written for it,
 `benchmarks/unseen_suite/`, was written as a new user would write one, before any of it was run.
 
-    python benchmarks/unseen_gate.py run --suite benchmarks/unseen_suite --compares 5 --out /tmp/unseen \
+    python benchmarks/unseen_gate.py --out /tmp/unseen [--suite benchmarks/unseen_suite] [--compares 5] \
         [--changed "--llmperf-engine-config='{\"max_num_seqs\": 8}'"] [--changed "VAR=value ... options"] [-- pytest options]
-    python benchmarks/unseen_gate.py table /tmp/unseen
+    python benchmarks/unseen_gate.py --out /tmp/unseen --table
 
-`run` records into OUT/baselines (report OUT/record), compares K times (OUT/c1 ...), then once per
+It records into OUT/baselines (report OUT/record) unless OUT has them, compares K times (OUT/c1 ...), then once per
 `--changed`, split as a shell would split it, with those options added and its leading VAR=value words in
-the environment (OUT/changed1 ...): a change the gate must flag. `table` prints one row per run (tests
-compared, tests failed, the failing rows) and emits JSON (`_emit`).
+the environment (OUT/changed1 ...): a change the gate must flag. Then it prints one row per run (tests
+compared, tests failed, the failing rows) and emits JSON (`_emit`); `--table` only prints them.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from _emit import emit
+from _pytest_args import split
 
 PASSING = frozenset({"passed", "skipped"})
 ENV_WORD = re.compile(r"^[A-Z][A-Z0-9_]*=")
@@ -93,23 +94,16 @@ def table(out: Path) -> int:
 
 
 def main(argv: list[str]) -> int:
-    pytest_args: list[str] = []
-    if "--" in argv:
-        at = argv.index("--")
-        argv, pytest_args = argv[:at], argv[at + 1:]
+    argv, pytest_args = split(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--suite", default="benchmarks/unseen_suite")
-    r.add_argument("--compares", type=int, default=5)
-    r.add_argument("--out", required=True)
-    r.add_argument("--changed", action="append", default=[], help="pytest options of a change every compare must flag")
-    t = sub.add_parser("table")
-    t.add_argument("out")
+    parser.add_argument("--out", required=True, help="the folder of the baselines and of each run's report")
+    parser.add_argument("--suite", default="benchmarks/unseen_suite")
+    parser.add_argument("--compares", type=int, default=5)
+    parser.add_argument("--changed", action="append", default=[], help="a change the gate must flag: options, VAR=value first")
+    parser.add_argument("--table", action="store_true", help="only print the table of the runs already in OUT")
     args = parser.parse_args(argv)
-    if args.command == "run":
+    if not args.table:
         run(args, pytest_args)
-        return table(Path(args.out))
     return table(Path(args.out))
 
 
