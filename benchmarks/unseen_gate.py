@@ -33,8 +33,11 @@ from typing import Any
 from _emit import emit
 from _pytest_args import split
 
+from pytest_llmperf.baseline import FAILING
+
 PASSING = frozenset({"passed", "skipped"})
 ENV_WORD = re.compile(r"^[A-Z][A-Z0-9_]*=")
+COMPARE = re.compile(r"^c\d+$")  # the unchanged compares' reports: c1, c2, ...
 
 
 def pytest_run(suite: str, mode: str, out: Path, name: str, extra: list[str], env: dict[str, str] | None = None) -> None:
@@ -65,31 +68,40 @@ def run(args: argparse.Namespace, pytest_args: list[str]) -> None:
 
 
 def summary(report: Path) -> dict[str, Any]:
-    """One run: its tests with a baseline verdict, those that failed, and each failing row."""
-    results = json.loads((report / "results.json").read_text())
+    """One run: its tests with a baseline verdict, those that failed, and each failing row. A run that left
+    no report (pytest could not start, or crashed) counts as failed: it judged nothing."""
     meta = json.loads((report / "run.json").read_text()) if (report / "run.json").exists() else {}
+    if not (report / "results.json").exists():
+        return {"run": report.name, "rc": meta.get("rc"), "wall_s": meta.get("wall_s", 0.0), "tests": 0,
+                "failed": ["(no report: see pytest.log)"], "rows": [], "starts": 0, "remeasure_s": 0.0}
+    results = json.loads((report / "results.json").read_text())
     tests = [t for t in results["tests"] if t["results"]]
     failed = [t for t in tests if t["outcome"] not in PASSING]
     rows = [f"{t['test'].split('::')[-1]} {r['label']} {r['metric']} {r['verdict']}"
-            for t in failed for r in t["baseline_rows"] if r["verdict"] in ("regression", "changed")]
+            for t in failed for r in t["baseline_rows"] if r["verdict"] in FAILING]
     ttv = results["session"]["time_to_verdict_s"]
     return {"run": report.name, "rc": meta.get("rc"), "wall_s": ttv["wall"], "tests": len(tests),
             "failed": [t["test"].split("::")[-1] for t in failed], "rows": rows,
             "starts": ttv["engine_starts"], "remeasure_s": ttv["re-measurement"]}
 
 
+def red(run: dict[str, Any]) -> bool:
+    """A run a pull request would have seen red: a failed test, or pytest's own exit status."""
+    return bool(run["failed"]) or run["rc"] not in (0, None)
+
+
 def table(out: Path) -> int:
-    runs = [summary(d) for d in sorted(out.iterdir(), key=lambda p: (len(p.name), p.name))
-            if (d / "results.json").exists()]
+    reports = [d for d in out.iterdir() if (d / "results.json").exists() or (d / "run.json").exists()]
+    runs = [summary(d) for d in sorted(reports, key=lambda p: (len(p.name), p.name))]
     print(f"{'run':<10} {'rc':>3} {'wall s':>7} {'starts':>6} {'re-measure s':>12} {'tests':>5} {'failed':>6}  failing rows")
     for r in runs:
         print(f"{r['run']:<10} {r['rc']!s:>3} {r['wall_s']:>7.0f} {r['starts']:>6} {r['remeasure_s']:>12.0f} "
               f"{r['tests']:>5} {len(r['failed']):>6}  {'; '.join(r['rows']) or '-'}")
-    compares = [r for r in runs if r["run"].startswith("c") and not r["run"].startswith("changed")]
-    red = sum(bool(r["failed"]) for r in compares)
-    print(f"{len(compares)} unchanged compares: {red} red; "
+    compares = [r for r in runs if COMPARE.match(r["run"])]
+    reds = sum(map(red, compares))
+    print(f"{len(compares)} unchanged compares: {reds} red; "
           f"{sum(len(r['failed']) for r in compares)} failing test verdicts of {sum(r['tests'] for r in compares)}")
-    emit("unseen_gate", {"runs": runs, "unchanged_compares": len(compares), "red": red})
+    emit("unseen_gate", {"runs": runs, "unchanged_compares": len(compares), "red": reds})
     return 0
 
 
