@@ -388,13 +388,18 @@ def margins(limits: Sequence[Limit], results: Sequence[PerfResult]) -> list[dict
 
 
 def format_margin(row: Mapping[str, Any]) -> str:
-    """`p99_ttft_ms 26.3 ms <= 5000 ms (99% to spare)`."""
+    """`p99_ttft_ms 26.3 ms <= 5000 ms (99% to spare)`, or `kv_preemptions 26 > 0 (over the limit)`: the
+    comparison as it came out, so that a violated limit never reads as a true statement."""
     unit = f" {row['unit']}" if row["unit"] else ""
-    missed = "over" if row["upper"] else "short"
-    spare = "" if row["margin"] is None else (f" ({row['margin']:.0%} to spare)" if row["margin"] >= 0 else
-                                              f" ({missed} by {-row['margin']:.0%})")
-    return (f"{row['metric']} {number(row['measured'])}{unit} {'<=' if row['upper'] else '>='} "
-            f"{number(row['bound'])}{unit}{spare}")
+    upper, measured, bound = row["upper"], row["measured"], row["bound"]
+    within = measured <= bound if upper else measured >= bound
+    op = ("<=" if within else ">") if upper else (">=" if within else "<")
+    missed = "over" if upper else "short"
+    if row["margin"] is None:  # a bound of 0: no share of it to give
+        note = "" if within else (" (over the limit)" if upper else " (short of the limit)")
+    else:
+        note = f" ({row['margin']:.0%} to spare)" if row["margin"] >= 0 else f" ({missed} by {-row['margin']:.0%})"
+    return f"{row['metric']} {number(measured)}{unit} {op} {number(bound)}{unit}{note}"
 
 
 def format_violations(violations: Sequence[Violation]) -> str:

@@ -52,8 +52,11 @@ def check_inputs(item: pytest.Item) -> None:
         gate_option(item)
         activation.check_gpus(item)
         _check_baseline_file(item)
+        return
     except (MarkerError, gating.BaselineError) as e:
-        pytest.fail(f"llmperf: {item.nodeid}: {e}", pytrace=False)
+        error = f"llmperf: {item.nodeid}: {e}"
+    # failed outside the handler: inside it, pytest would print the error again as the failure's context
+    pytest.fail(error, pytrace=False)
 
 
 def limits(item: pytest.Item) -> list[Limit]:

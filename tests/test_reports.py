@@ -168,6 +168,22 @@ def test_one_number_format_for_messages_margins_and_tables():
     assert [cell(x) for x in (None, 0.12345, 2147.44, 33)] == ["-", "0.123", "2147.4", "33"]
 
 
+@pytest.mark.parametrize(("measured", "bound", "upper", "line"), [
+    (26, 0, True, "kv_preemptions 26 > 0 (over the limit)"),  # the README's first test: never "26 <= 0"
+    (0, 0, True, "kv_preemptions 0 <= 0"),
+    (26.3, 5000, True, "kv_preemptions 26.3 <= 5000 (99% to spare)"),
+    (30, 20, True, "kv_preemptions 30 > 20 (over by 50%)"),
+    (5, 10, False, "kv_preemptions 5 < 10 (short by 50%)"),
+    (-1, 0, False, "kv_preemptions -1 < 0 (short of the limit)"),
+])
+def test_a_margin_line_reads_as_the_comparison_came_out(measured, bound, upper, line):
+    from pytest_llmperf.assertions import format_margin
+
+    spare = ((bound - measured if upper else measured - bound) / bound) if bound else None
+    assert format_margin({"metric": "kv_preemptions", "unit": "", "measured": measured, "bound": bound,
+                          "upper": upper, "margin": spare}) == line
+
+
 def test_a_session_stopped_by_sigterm_still_reports_what_it_judged(pytester):
     """A CI job's time limit sends SIGTERM: the tests that finished before it keep their failure texts, the
     llmperf summary and the report, and the exit status still says the job was killed."""
