@@ -9,6 +9,7 @@ calibrated from. Exit status 2 on bad input."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("runs", nargs="+", help=f"results.json of at least {calibration.MIN_RUNS} unchanged runs "
                                              "(--llmperf-report), each in its own pytest process (with --add, any number)")
     cal.add_argument("--baseline-dir", default="baselines", help="the baselines the runs were compared with")
-    cal.add_argument("--alpha", type=float, default=calibration.ALPHA,
+    cal.add_argument("--alpha", type=_share, default=calibration.ALPHA,
                      help=f"false-alarm budget of the whole suite per run (default {calibration.ALPHA})")
     cal.add_argument("--add", action="store_true",
                      help="add these runs to those the stored calibration came from (other machines, other days) "
@@ -51,11 +52,25 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if regressed else 0
 
 
+def _share(text: str) -> float:
+    """--alpha: a probability, strictly between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share strictly between 0 and 1 (e.g. 0.05: 5% per run)")
+    return value
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     try:
         runs = [load(path) for path in args.runs]
+        _each_once(args.runs)
         hardware, model, tolerances = _session(runs, args.runs, args.add)
         root = Path(args.baseline_dir)
+        for path, run in zip(args.runs, runs):
+            _unchanged(root, hardware, model, run, path)
         if args.add:
             found = _added(root, hardware, model, runs, args.runs, tolerances)
         else:
@@ -90,6 +105,24 @@ def _added(root: Path, hardware: str, model: str, runs: list[dict[str, Any]], pa
                              f"{root}/{hardware}/ (added before, or given twice): leave it out")
         found = calibration.merged(found, own)
     return found
+
+
+def _each_once(paths: list[str]) -> None:
+    """Each run once: the same file (or a copy of it) twice would count one machine's spread as two runs'."""
+    seen: dict[bytes, str] = {}
+    for path in paths:
+        content = Path(path).read_bytes()
+        if content in seen:
+            raise ValueError(f"{path} and {seen[content]} are the same run: give each run once")
+        seen[content] = path
+
+
+def _unchanged(root: Path, hardware: str, model: str, run: dict[str, Any], path: str) -> None:
+    changed = calibration.changed_settings(root, hardware, model, run)
+    if changed:
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        raise ValueError(f"{path} is not an unchanged run: {changed[0]}{more}; calibrate from compare runs of the "
+                         f"code and settings the baselines in {root}/{hardware}/ were recorded with")
 
 
 def _session(runs: list[dict[str, Any]], paths: list[str], add: bool) -> tuple[str, str, dict[str, float]]:

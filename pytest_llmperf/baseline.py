@@ -346,6 +346,24 @@ def _round(value: Any) -> Any:
 
 
 # -- comparison ------------------------------------------------------------------------------------
+def environment_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(setting, old, new) of each setting two environments differ in, named down to the setting as a dotted key
+    (`engine_config.max_num_seqs`, `engines.vllm.engine_version`)."""
+    before, after = _flat(old), _flat(new)
+    return [(key, before.get(key), after.get(key)) for key in sorted(set(before) | set(after))
+            if before.get(key) != after.get(key)]
+
+
+def _flat(env: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in env.items():
+        if isinstance(value, Mapping) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def compare(stored: Mapping[str, Any], current: Sequence[Entry], tolerances: Mapping[str, float] | None = None,
             default_tolerance: float = DEFAULT_TOLERANCE, paging: str = "strict",
             gated: frozenset[str] | None = None, borrowed: Mapping[str, float] | None = None) -> Verdict:

@@ -94,6 +94,28 @@ def deviations(root: Path, hardware: str, model: str, runs: Sequence[Mapping[str
     return out
 
 
+def changed_settings(root: Path, hardware: str, model: str, run: Mapping[str, Any]) -> list[str]:
+    """What a run changed against the baselines it was compared with: the engine, its version or an option
+    it was started with, per test (`test: engine_config.max_num_seqs: 128 -> 4`). A calibration is of
+    unchanged runs: the spread of a change would widen every allowance it touched. The machine may differ
+    (its driver, its card's name, the KV blocks its memory gave): that spread is what calibration is for.
+    A run kept without its environment (`benchmarks/keep_run.py`) cannot be checked and gives none."""
+    out = []
+    for test in run["tests"]:
+        doc = bl.load(bl.path_for(root, test["test"], hardware, model)) if test.get("environment") else None
+        if doc is None or not doc.get("environment"):
+            continue
+        out += [f"{test['test']}: {key}: {before} -> {after}"
+                for key, before, after in bl.environment_changes(doc["environment"], test["environment"])
+                if _is_setting(key)]
+    return out
+
+
+def _is_setting(key: str) -> bool:
+    name = key.rsplit(".", 1)[-1]
+    return name in ("engine", "engine_version") or (".engine_config." in f".{key}" and name != "num_gpu_blocks")
+
+
 def stored_deviations(root: Path, hardware: str, model: str) -> dict[tuple[str, str, str], list[float]]:
     """(test, label, metric) -> the deviations each stored calibration of this class and model came from."""
     out: dict[tuple[str, str, str], list[float]] = {}

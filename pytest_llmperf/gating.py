@@ -178,27 +178,14 @@ def _joined(*parts: str) -> str:
     return "\n".join(p for p in parts if p)
 
 
-def _flat(env: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested settings as dotted keys (`engine_config.max_num_seqs`, `engines.vllm.engine_version`), so a
-    change is named down to the setting that changed."""
-    out: dict[str, Any] = {}
-    for key, value in env.items():
-        if isinstance(value, Mapping) and value:
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def failure_text(verdict: Verdict, env: Mapping[str, Any]) -> str:
     lines = [f"llmperf: regression against the stored baseline ({len(verdict.regressions)} metric"
              f"{'s' if len(verdict.regressions) != 1 else ''})", baseline.format_table(verdict)]
     if any(r.passes > 1 and not r.exact for r in verdict.regressions):
         lines.append("  current: per metric, the best value any pass reached (the summary table and results.json "
                      "show the first pass)")
-    old, new = _flat(verdict.environment or {}), _flat(env)
-    lines += [f"  changed since the baseline: {key}: {old.get(key)} -> {new.get(key)}"
-              for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+    lines += [f"  changed since the baseline: {key}: {before} -> {after}"
+              for key, before, after in baseline.environment_changes(verdict.environment or {}, env)]
     if verdict.message:
         lines.append("  " + verdict.message.replace("\n", "\n  "))
     return "\n".join(lines)

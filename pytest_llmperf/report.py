@@ -150,8 +150,13 @@ def load(path: str | Path) -> dict[str, Any]:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: not a readable results file ({e})") from None
-    if not isinstance(data, dict) or data.get("schema") != RESULTS_SCHEMA:
-        raise ValueError(f"{path}: not a pytest-llmperf results.json of schema {RESULTS_SCHEMA}")
+    if isinstance(data, dict) and "entries" in data and "tests" not in data:
+        raise ValueError(f"{path}: a stored baseline, not a results.json: give the results.json that "
+                         "--llmperf-report wrote (to judge a run against stored baselines, run pytest with "
+                         "--llmperf-baseline=compare)")
+    if not isinstance(data, dict) or data.get("schema") != RESULTS_SCHEMA or not isinstance(data.get("tests"), list) \
+            or not isinstance(data.get("session"), dict):
+        raise ValueError(f"{path}: not a pytest-llmperf results.json of schema {RESULTS_SCHEMA} (written by --llmperf-report)")
     return data
 
 

@@ -164,9 +164,10 @@ def test_calibrate_stores_each_metrics_allowance_from_unchanged_runs_and_an_upda
 
 
 def test_calibrate_refuses_what_cannot_calibrate(tmp_path):
-    def run(hardware):
-        doc = {"schema": 1, "session": {"hardware": hardware, "model": "m", "tolerance": [0.1, {}]}, "tests": []}
+    def run(hardware, tests=()):
         path = tmp_path / f"{hardware}-{len(list(tmp_path.iterdir()))}.json"
+        doc = {"schema": 1, "session": {"hardware": hardware, "model": "m", "tolerance": [0.1, {}], "run": path.name},
+               "tests": list(tests)}
         path.write_text(json.dumps(doc))
         return str(path)
 
@@ -181,3 +182,43 @@ def test_calibrate_refuses_what_cannot_calibrate(tmp_path):
     assert one_added.returncode == 2 and "no metric was measured by 3" in one_added.stderr
     unreadable = _cli("calibrate", run("cpu"), run("cpu"), str(tmp_path / "missing.json"))
     assert unreadable.returncode == 2 and "not a readable results file" in unreadable.stderr
+    # each run once: one file, or a copy of it, given again would count one machine's spread twice
+    once = run("cpu")
+    twice = _cli("calibrate", once, once, run("cpu"))
+    assert twice.returncode == 2 and "are the same run: give each run once" in twice.stderr
+    alpha = _cli("calibrate", run("cpu"), run("cpu"), run("cpu"), "--alpha", "5")
+    assert alpha.returncode == 2 and "not a share strictly between 0 and 1" in alpha.stderr
+    # a stored baseline where a results.json belongs: said so, not a traceback
+    stored = tmp_path / "baseline.json"
+    baseline.write(stored, baseline.document("t.py::test_x", "cpu", "m", {}, []))
+    wrong = _cli("calibrate", str(stored), run("cpu"), run("cpu"))
+    assert wrong.returncode == 2 and "a stored baseline, not a results.json" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
+
+
+def test_calibrate_refuses_a_run_that_changed_what_it_measured(tmp_path):
+    """A run of other engine options or another engine version than its baseline is not an unchanged run:
+    its spread would widen the allowance of every metric it touched. Another machine of the class is."""
+    test_id, root = "t.py::test_x", tmp_path / "baselines"
+    recorded = {"engine": "vllm", "engine_version": "0.32.0", "gpu_name": "card A",
+                "engine_config": {"max_num_seqs": 128, "num_gpu_blocks": 1000}}
+    baseline.write(baseline.path_for(root, test_id, "cpu", "m"), baseline.document(test_id, "cpu", "m", recorded, []))
+
+    def run(k, **changed):
+        env = {**recorded, **changed, "engine_config": {**recorded["engine_config"], **changed.get("engine_config", {})}}
+        doc = {"schema": 1, "session": {"hardware": "cpu", "model": "m", "tolerance": [0.1, {}], "run": k},
+               "tests": [{"test": test_id, "environment": env, "results": []}]}
+        path = tmp_path / f"run{k}.json"
+        path.write_text(json.dumps(doc))
+        return str(path)
+
+    # another machine: its card's name and the KV blocks its memory gave differ; nothing to refuse (and nothing
+    # to calibrate from, as these runs hold no results)
+    machines = _cli("calibrate", run(1, gpu_name="card B", engine_config={"num_gpu_blocks": 990}), run(2), run(3),
+                    "--baseline-dir", str(root))
+    assert machines.returncode == 2 and "no metric was measured" in machines.stderr
+    for changed, named in ((dict(engine_config={"max_num_seqs": 4}), "engine_config.max_num_seqs: 128 -> 4"),
+                           (dict(engine_version="0.33.0"), "engine_version: 0.32.0 -> 0.33.0")):
+        refused = _cli("calibrate", run(4, **changed), run(5), run(6), "--baseline-dir", str(root))
+        assert refused.returncode == 2, refused.stderr
+        assert f"is not an unchanged run: {test_id}: {named}" in refused.stderr, refused.stderr

@@ -118,6 +118,11 @@ def test_compare_cli_applies_the_baseline_rules(pytester):
     bad = subprocess.run([sys.executable, "-m", "pytest_llmperf", "compare", str(old), str(pytester.path / "nope.json")],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "not a readable results file" in bad.stderr
+    # a stored baseline where a results.json belongs is bad input (2), not a regression (1) or a traceback
+    stored = compare({"schema": 1, "test": "test_r.py::test_chat", "environment": {}, "entries": []})
+    assert stored.returncode == 2 and "a stored baseline, not a results.json" in stored.stderr, stored.stderr
+    schema_only = compare({"schema": 1})
+    assert schema_only.returncode == 2 and "not a pytest-llmperf results.json" in schema_only.stderr
 
 
 def test_under_xdist_the_controller_reports_every_worker(pytester):
