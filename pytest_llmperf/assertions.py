@@ -398,7 +398,9 @@ def format_margin(row: Mapping[str, Any]) -> str:
     if row["margin"] is None:  # a bound of 0: no share of it to give
         note = "" if within else (" (over the limit)" if upper else " (short of the limit)")
     else:
-        note = f" ({row['margin']:.0%} to spare)" if row["margin"] >= 0 else f" ({missed} by {-row['margin']:.0%})"
+        share = abs(row["margin"])
+        shown = f"{share:.0%}" if share >= 0.1 else f"{share:.1%}"  # never "over by 0%" for a limit missed
+        note = f" ({shown} to spare)" if row["margin"] >= 0 else f" ({missed} by {shown})"
     return f"{row['metric']} {number(measured)}{unit} {op} {number(bound)}{unit}{note}"
 
 

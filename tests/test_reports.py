@@ -179,6 +179,7 @@ def test_one_number_format_for_messages_margins_and_tables():
     (26.3, 5000, True, "kv_preemptions 26.3 <= 5000 (99% to spare)"),
     (30, 20, True, "kv_preemptions 30 > 20 (over by 50%)"),
     (5, 10, False, "kv_preemptions 5 < 10 (short by 50%)"),
+    (0.9022, 0.9, True, "kv_preemptions 0.9022 > 0.9 (over by 0.2%)"),  # not "over by 0%"
     (-1, 0, False, "kv_preemptions -1 < 0 (short of the limit)"),
 ])
 def test_a_margin_line_reads_as_the_comparison_came_out(measured, bound, upper, line):
