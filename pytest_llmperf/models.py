@@ -124,8 +124,25 @@ def stored_name(spec: str) -> str:
     return "local:" + Path(spec).expanduser().resolve().name
 
 
+def check_spec(spec: str) -> None:
+    """`spec` checked as `--llmperf-model` takes it, loading and writing nothing (a session's option is
+    checked at start, a test's marker before its body): ValueError saying what to give."""
+    if spec.startswith(SHAPE_PREFIX):
+        shape_config(spec[len(SHAPE_PREFIX):])
+        return
+    local = Path(spec).expanduser()
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise ValueError(f"model folder {local} has no config.json: give a model folder, a hub id or shape:NAME")
+        return
+    if spec.count("/") != 1 or spec.startswith(("/", ".")):
+        raise ValueError(f"model {spec!r} is neither a folder, a hub id (org/name) nor a shape; "
+                         f"shapes: {', '.join(SHAPE_PREFIX + s for s in available_shapes())}")
+
+
 def resolve_model(spec: str, cache_dir: str | None = None) -> ModelSpec:
     """Turn `--llmperf-model` into something an engine can load (no download happens here)."""
+    check_spec(spec)
     if spec.startswith(SHAPE_PREFIX):
         name = spec[len(SHAPE_PREFIX):]
         config = shape_config(name)
@@ -140,14 +157,6 @@ def resolve_model(spec: str, cache_dir: str | None = None) -> ModelSpec:
         return ModelSpec(spec, str(folder), True, config.get("max_position_embeddings"), config.get("vocab_size"))
     local = Path(spec).expanduser()
     if local.exists():
-        cfg_file = local / "config.json"
-        if not cfg_file.is_file():
-            raise ValueError(f"model folder {local} has no config.json: give a model folder, a hub id or shape:NAME")
-        config = json.loads(cfg_file.read_text())
+        config = json.loads((local / "config.json").read_text())
         return ModelSpec(spec, str(local), False, config.get("max_position_embeddings"), config.get("vocab_size"))
-    if spec.count("/") == 1 and not spec.startswith(("/", ".")):
-        return ModelSpec(spec, spec, False, None, None)  # a hub id: the engine loads (and may download) it
-    raise ValueError(
-        f"--llmperf-model {spec!r} is neither a folder, a hub id (org/name) nor a shape; "
-        f"shapes: {', '.join(SHAPE_PREFIX + s for s in available_shapes())}"
-    )
+    return ModelSpec(spec, spec, False, None, None)  # a hub id: the engine loads (and may download) it

@@ -17,7 +17,7 @@ from . import gating, soak
 from .baseline import PAGING_MODES, parse_tolerance
 from .engines import registry
 from .engines.base import EnginePool, default_engine
-from .models import DEFAULT_MODEL, stored_name
+from .models import DEFAULT_MODEL, check_spec, stored_name
 from .runner import WARMUP_MODES
 from .session import Session
 
@@ -101,6 +101,10 @@ def value(config: pytest.Config, name: str) -> Any:
 def session(config: pytest.Config, hardware: str, engines: dict[str, str]) -> Session:
     """The session these options describe, every value checked."""
     model_spec = value(config, "model") or DEFAULT_MODEL
+    try:
+        check_spec(model_spec)
+    except ValueError as e:
+        raise pytest.UsageError(f"--llmperf-model/llmperf_model: {e}") from None
     mode = value(config, "baseline") or "compare"
     if mode not in gating.MODES:
         raise pytest.UsageError(f"llmperf_baseline={mode!r}: choose one of {', '.join(gating.MODES)}")

@@ -15,7 +15,7 @@ from . import gating, markers
 from .assertions import Limit, MarkerError
 from .engines.base import Engine, EnginePool, engine_class
 from .gpu import GpuInfo, bandwidth_of, measure_bandwidth, start_bandwidth_probe
-from .models import ModelSpec, footprint, model_config, resolve_model
+from .models import ModelSpec, check_spec, footprint, model_config, resolve_model
 from .report import TestRecord
 from .runner import LLMPerf
 from .timing import workers_line
@@ -148,6 +148,10 @@ def model_option(item: pytest.Item) -> str | None:
     if len(mark.args) != 1 or mark.kwargs or not isinstance(mark.args[0], str) or not mark.args[0]:
         raise MarkerError(f"@pytest.mark.{markers.MODEL} takes one model as --llmperf-model takes it, e.g. "
                           f"@pytest.mark.{markers.MODEL}(\"shape:tiny-llama\"); got args={mark.args!r} kwargs={mark.kwargs!r}")
+    try:
+        check_spec(mark.args[0])
+    except ValueError as e:
+        raise MarkerError(f"@pytest.mark.{markers.MODEL}({mark.args[0]!r}): {e}") from None
     return mark.args[0]
 
 

@@ -119,6 +119,8 @@ def test_gpus_per_worker_can_be_given_and_is_checked_at_start(pytester):
     ("llmperf_baseline=strict", "llmperf_baseline='strict': choose one of"),
     ("llmperf_paging=loose", "llmperf_paging='loose': choose one of"),
     ("llmperf_report=test_a.py", "test_a.py is a file, not a folder"),
+    ("llmperf_model=shape:nonexistent", "--llmperf-model/llmperf_model: unknown model shape 'nonexistent': choose one of"),
+    ("llmperf_model=./no-such-model", "--llmperf-model/llmperf_model: model './no-such-model' is neither a folder"),
 ])
 def test_bad_ini_values_are_usage_errors_naming_the_value(pytester, option, message):
     pytester.makepyfile(test_a="def test_a():\n    pass\n")
