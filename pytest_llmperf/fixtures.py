@@ -12,7 +12,7 @@ import pytest
 
 from . import engine_limits, properties
 from .baseline import gates_timing
-from .engines.base import Engine
+from .engines.base import Engine, EngineOptionError
 from .gpu import GpuInfo
 from .runner import LLMPerf
 from .session import LIMITS, PERF, SESSION, Session, engine_options, gate_option, model_option
@@ -49,12 +49,27 @@ def llmperf(request: pytest.FixtureRequest, llmperf_session: Session) -> LLMPerf
 def _engine_fixture(name: str | None) -> Callable[..., Iterator[Engine]]:
     def fixture(request: pytest.FixtureRequest, llmperf_session: Session) -> Iterator[Engine]:
         engine_name = name or llmperf_session.engine_name
-        engine = llmperf_session.engine(engine_name, engine_options(request.node), model_option(request.node))
-        # Hypothesis strategies drawn in this test size requests to this engine
-        with engine_limits.published(engine.max_model_len, engine.config.get("block_size")):
-            yield engine
+        options = engine_options(request.node)
+        try:
+            engine = llmperf_session.engine(engine_name, options, model_option(request.node))
+        except EngineOptionError as e:
+            error = f"llmperf: {e} (options given: {_sources(llmperf_session, engine_name, options)})"
+        else:
+            # Hypothesis strategies drawn in this test size requests to this engine
+            with engine_limits.published(engine.max_model_len, engine.config.get("block_size")):
+                yield engine
+            return
+        pytest.fail(error, pytrace=False)  # outside the handler: pytest would print the error again as its context
 
     return fixture
+
+
+def _sources(session: Session, engine_name: str, marker: Mapping[str, Any]) -> str:
+    """Where a test's engine options came from, so that a mistyped one can be found."""
+    given = [f"@pytest.mark.llmperf_engine {marker}"] if marker else []
+    if engine_name == session.engine_name and session.engine_defaults:
+        given.append(f"--llmperf-engine-config/llmperf_engine_config {session.engine_defaults}")
+    return "; ".join(given) or "none: the plugin's defaults"
 
 
 llm_engine = pytest.fixture(_engine_fixture(None), name="llm_engine")

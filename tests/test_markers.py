@@ -96,6 +96,23 @@ def test_it(hf_engine, llmperf):
     assert "During handling of the above exception" not in out and "direct cause" not in out, out
 
 
+def test_an_engine_option_the_engine_does_not_take_is_one_line_naming_where_it_came_from(run):
+    result = run("""
+@pytest.mark.llmperf_engine(blok_size=32)
+def test_typo(hf_engine, llmperf):
+    raise AssertionError("the body must not run")
+
+def test_after(hf_engine, llmperf):
+    llmperf.run(hf_engine, WORKLOAD)
+""")
+    result.assert_outcomes(passed=1, errors=1)
+    out = result.stdout.str()
+    assert "llmperf: hf engine does not take ['blok_size']" in out, out
+    assert "(options given: @pytest.mark.llmperf_engine {'blok_size': 32})" in out, out
+    # the message alone: no traceback through the plugin's fixtures, and not printed again as a context
+    assert "the body must not run" not in out and "fixtures.py" not in out and "During handling" not in out, out
+
+
 def test_a_bad_marker_errors_its_test_and_the_session_goes_on(run):
     result = run("""
 @pytest.mark.min_capacity(concurrency=4, under={"ttft_p99_ms": 1000})

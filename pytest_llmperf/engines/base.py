@@ -68,6 +68,11 @@ class EngineError(RuntimeError):
         self.trace = trace
 
 
+class EngineOptionError(EngineError):
+    """The engine does not take an option it was given: a mistake in the test's or the session's options,
+    reported as one line that names where the options came from (nothing ran)."""
+
+
 def need(module: str, extra: str) -> Any:
     """`module`, imported, or an EngineError naming the extra that brings it."""
     try:

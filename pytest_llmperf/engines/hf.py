@@ -21,7 +21,7 @@ from typing import Any
 from ..models import ModelSpec
 from ..trace import Chunk, KVSample, RunTrace, SequenceTrace
 from ..workload import Workload
-from .base import Engine, EngineError, need
+from .base import Engine, EngineError, EngineOptionError, need
 
 DEFAULTS: dict[str, Any] = {"max_batch_size": 8, "device": None, "dtype": None, "attn_implementation": "sdpa",
                             "max_model_len": None}
@@ -57,7 +57,7 @@ class HFEngine(Engine):
     def __init__(self, model: ModelSpec, config: dict[str, Any]) -> None:
         unknown = set(config) - set(DEFAULTS)
         if unknown:
-            raise EngineError(f"hf engine does not take {sorted(unknown)}; it takes {sorted(DEFAULTS)}")
+            raise EngineOptionError(f"hf engine does not take {sorted(unknown)}; it takes {sorted(DEFAULTS)}")
         torch, transformers = need("torch", "hf"), need("transformers", "hf")
 
         self._torch = torch

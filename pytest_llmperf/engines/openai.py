@@ -34,7 +34,7 @@ from ..models import ModelSpec
 from ..trace import Chunk, KVSample, RunTrace, SequenceTrace, ServerTimes
 from ..workload import Workload
 from . import metrics_dialects
-from .base import Engine, EngineError, Schedule, need
+from .base import Engine, EngineError, EngineOptionError, Schedule, need
 
 HEALTH_TIMEOUT_S = 5.0  # a server that cannot answer /health this fast is not running a workload either
 HEALTH_POLL_S = 1.0  # /health is asked this often during a run: a server gone is noticed in seconds
@@ -67,7 +67,7 @@ class OpenAIEngine(Engine):
     def __init__(self, model: ModelSpec, config: dict[str, Any]) -> None:
         unknown = set(config) - set(DEFAULTS)
         if unknown:
-            raise EngineError(f"openai engine does not take {sorted(unknown)}; it takes {sorted(DEFAULTS)}")
+            raise EngineOptionError(f"openai engine does not take {sorted(unknown)}; it takes {sorted(DEFAULTS)}")
         cfg = {**DEFAULTS, **config}
         if not cfg["base_url"]:
             raise EngineError("the openai engine needs a server: --llmperf-base-url http://HOST:PORT/v1 "

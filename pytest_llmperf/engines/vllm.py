@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 from ..models import ModelSpec
 from ..trace import Chunk, EngineTimes, KVSample, RunTrace, SequenceTrace, ServerTimes
 from ..workload import Request, Workload
-from .base import Engine, EngineError, Schedule
+from .base import Engine, EngineError, EngineOptionError, Schedule
 
 SAMPLER = "pytest_llmperf.engines.vllm_sampler.recording_scheduler"
 MIN_VERSION = (0, 10, 0)
@@ -270,7 +270,7 @@ class VLLMEngine(Engine):
         try:
             engine_args = AsyncEngineArgs(**args)
         except TypeError as e:
-            raise EngineError(f"vLLM {self.version} does not take these engine options: {e}") from None
+            raise EngineOptionError(f"vLLM {self.version} does not take these engine options: {e}") from None
         if not self._cpu and not getattr(engine_args, "kv_cache_memory_bytes", None):
             self._check_free_memory(float(engine_args.gpu_memory_utilization))
         return engine_args
