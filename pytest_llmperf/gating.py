@@ -162,6 +162,17 @@ def unmet_requirement(verdict: Verdict | None, cfg: GateConfig, test_id: str) ->
             f"record it with: {cfg.record_command(test_id)}")
 
 
+def beside_failed_limits(cfg: GateConfig, test_id: str) -> str | None:
+    """What the baseline gate would have said of a test whose limits failed (so it never compared): under
+    update, that nothing was recorded; under require, a missing baseline, which would fail it next."""
+    if cfg.mode == "update":
+        return "no baseline written: a test whose limits fail is not recorded"
+    if cfg.mode != "require" or baseline.path_for(cfg.root, test_id, cfg.hardware, cfg.model).exists():
+        return None
+    return (f"--llmperf-baseline=require: and no baseline for {cfg.hardware}/{cfg.model}; "
+            f"record it with: {cfg.record_command(test_id)}")
+
+
 def _missing(cfg: GateConfig, path: Path) -> str:
     """Why no baseline was found, naming the hardware classes that do have one for this test."""
     elsewhere = sorted(p.parts[-3] for p in cfg.root.glob(f"*/{path.parent.name}/{path.name}") if p != path)

@@ -81,6 +81,9 @@ def judge(item: pytest.Item, perf: LLMPerf | None) -> Judgement:
         return Judgement(invalid, "invalid")
     state = item.config.stash[SESSION]
     failure, kind, notes = _limits_verdict(item.nodeid, item.stash.get(LIMITS, []), perf, state.retries)
+    if failure is not None and kind == "perf":
+        also = gating.beside_failed_limits(state.gate, item.nodeid)
+        failure += f"\n  {also}" if also else ""
     if failure is not None or perf is None or not perf.results:
         return Judgement(failure, kind, None, notes)
     tolerance_marks = [m.kwargs for m in reversed(list(item.iter_markers(markers.TOLERANCE)))]

@@ -52,6 +52,22 @@ def test_tight(hf_engine, llmperf):
     assert "p99_ttft_ms " in tight and "> 0.001 ms (over by " in tight, tight
 
 
+@pytest.mark.parametrize("mode, also", [
+    ("require", "--llmperf-baseline=require: and no baseline for cpu/shape:tiny-llama; record it with: pytest "),
+    ("update", "no baseline written: a test whose limits fail is not recorded"),
+])
+def test_a_failed_limit_also_says_what_the_baseline_gate_would_have(run, mode, also):
+    """Limits are judged first and a failed one ends the test: the baseline it never reached is still named
+    (missing under require, not recorded under update), so a user does not learn of it one fix later."""
+    result = run("""
+@pytest.mark.min_throughput(output_tokens_per_s=1e9)
+def test_slow(hf_engine, llmperf):
+    llmperf.run(hf_engine, WORKLOAD)
+""", f"--llmperf-baseline={mode}")
+    result.assert_outcomes(failed=1)
+    assert also in result.stdout.str(), result.stdout.str()
+
+
 def test_repeats_and_worst_requests_are_reported(run):
     result = run("""
 @pytest.mark.max_p50_ms(e2e=0.001)
