@@ -398,6 +398,9 @@ def compare(stored: Mapping[str, Any], current: Sequence[Entry], tolerances: Map
                    timelines=timelines)
 
 
+RECORD_HINT = "rerun with --llmperf-baseline=update to record the new workload"
+
+
 def standing(old: Entry | None, cur: Entry) -> tuple[str, str]:
     """(how `cur` stands against its stored entry, the line that says why it was not compared)."""
     if old is None:
@@ -406,8 +409,8 @@ def standing(old: Entry | None, cur: Entry) -> tuple[str, str]:
         return OTHER_ENGINE, (f"{cur.label!r}: the baseline was recorded with engine {old.engine}, this run used "
                               f"{cur.engine}: no comparable baseline")
     if old.workload_hash != cur.workload_hash:
-        return STALE, (f"stale baseline: workload of {cur.label!r} changed ({old.workload_hash} -> {cur.workload_hash}); "
-                       "rerun with --llmperf-baseline=update to record the new workload")
+        return STALE, (f"stale baseline: workload of {cur.label!r} changed ({old.workload_hash} -> {cur.workload_hash})"
+                       f"; {RECORD_HINT}")
     return COMPARED_LABEL, ""
 
 

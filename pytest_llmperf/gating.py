@@ -158,8 +158,9 @@ def unmet_requirement(verdict: Verdict | None, cfg: GateConfig, test_id: str) ->
     compared (no baseline, stale, another engine's), with the command that records it."""
     if cfg.mode != "require" or verdict is None or not verdict.uncompared:
         return None
-    return (f"llmperf: --llmperf-baseline=require: {_first_line(verdict.message)}; "
-            f"record it with: {cfg.record_command(test_id)}")
+    # the exact command replaces the stale note's general hint, rather than following it
+    reason = _first_line(verdict.message).replace(f"; {baseline.RECORD_HINT}", "")
+    return f"llmperf: --llmperf-baseline=require: {reason}; record it with: {cfg.record_command(test_id)}"
 
 
 def beside_failed_limits(cfg: GateConfig, test_id: str) -> str | None:

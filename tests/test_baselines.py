@@ -589,6 +589,7 @@ def test_require_mode_fails_what_was_not_compared_with_the_command_that_records_
     stale.stdout.fnmatch_lines(["*--llmperf-baseline=require: stale baseline: workload of 'b' changed * record it "
                                 "with: pytest 'test_r.py::test_two' --llmperf-baseline=update*",
                                 "*1 compared in part*"])
+    assert "rerun with" not in stale.stdout.str()  # the command, not the general hint as well
     pytester.runpytest_inprocess(*args).assert_outcomes(passed=1)  # compare mode: b reported, a judged
 
     foreign = pytester.runpytest_inprocess(*args, "--llmperf-baseline=require", "--llmperf-hardware=a100")
