@@ -113,7 +113,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return report
     try:
         with item.config.stash[SESSION].pool.times.timed("judging"):
-            _judge_report(item, report)
+            _judge_report(item, report, call)
     except Exception as e:  # an input no check foresaw, or a fault of the plugin: this test fails, the session goes on
         report.outcome = "failed"
         report.longrepr = (f"llmperf: {item.nodeid}: could not judge this test ({type(e).__name__}: {e}); the other "
@@ -121,7 +121,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
-def _judge_report(item: pytest.Item, report: pytest.TestReport) -> None:
+def _judge_report(item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo[None]) -> None:
     """The verdict of a test whose body passed (property tests judge every example inline), on its
     report; its record travels with the report, so that under pytest-xdist the controller sees every
     worker's results."""
@@ -129,6 +129,8 @@ def _judge_report(item: pytest.Item, report: pytest.TestReport) -> None:
     if perf is not None:
         item.user_properties.extend(judging.junit_properties(perf))  # junitxml reads the teardown report's copy
     judgement = judging.Judgement()
+    if report.failed and call.excinfo is not None and properties.broke_a_limit(call.excinfo.value):
+        report.llmperf_failed = True  # a property test judges its limits in its body: PERF-FAILED as any other
     if report.passed and not properties.is_property_test(item):
         judgement = judging.judge(item, perf)
         if judgement.failure is not None:

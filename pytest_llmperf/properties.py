@@ -31,6 +31,15 @@ class PerfLimitExceeded(AssertionError):
     """A property-test example broke a performance limit (consistently, for noisy metrics)."""
 
 
+def broke_a_limit(error: BaseException) -> bool:
+    """Whether a property test failed by its performance limits (Hypothesis raises the shrunk example's
+    error, or a group of them when it found several distinct ones)."""
+    group = getattr(error, "exceptions", None)  # an exception group (the backport's on Python 3.10)
+    if isinstance(group, tuple) and group:
+        return all(broke_a_limit(e) for e in group)
+    return isinstance(error, PerfLimitExceeded)
+
+
 def is_property_test(item: pytest.Item) -> bool:
     return bool(getattr(getattr(item, "obj", None), "is_hypothesis_test", False))
 

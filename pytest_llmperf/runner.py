@@ -75,7 +75,7 @@ class Results(Sequence[PerfResult]):
         self._runs.clear()
 
 
-@dataclass
+@dataclass(repr=False)
 class LLMPerf:
     """The `llmperf` fixture: runs workloads and binds their results to the current test.
 
@@ -106,6 +106,14 @@ class LLMPerf:
     steady_engines: MutableMapping[Engine, float] = field(default_factory=weakref.WeakKeyDictionary)
     sweeps: list[Sweep] = field(default_factory=list)
     runs: list[Run] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        # short: Hypothesis prints each fixture of a falsifying example, and the runs it holds are thousands of lines
+        return f"<llmperf fixture of {self.test_id or 'a test'}: {len(self.runs)} runs>"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """Hypothesis's printer (IPython's protocol), which would otherwise print a dataclass field by field."""
+        printer.text(repr(self))
 
     @property
     def results(self) -> Results:

@@ -88,3 +88,6 @@ def test_a_planted_paging_bound_shrinks_to_the_exact_minimal_workload(pytester):
     assert "#0: prompt 65, output 1" in out and "#1:" not in out  # one request, one token over 64
     assert "'requests': [{'prompt_len': 65, 'output_len': 1}]" in out
     assert "Falsifying example" in out or "Failing test case" in out  # wording of newer Hypothesis
+    assert "PERF-FAILED" in out  # a limit broken inside a property test is a performance failure like any other
+    # the fixtures of the failing case printed short, not the thousands of lines of the runs they hold
+    assert "<llmperf fixture of test_planted.py::test_planted: " in out and "steady_engines=" not in out, out
