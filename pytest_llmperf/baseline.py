@@ -551,6 +551,11 @@ def compare_results(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: f
         out.append(f"{test['test']}: {verdict.status}{' - ' + verdict.message if verdict.message else ''}")
         if any(_shown(r) for r in verdict.rows):
             out.append(format_table(verdict))
+        if verdict.status == "regression":  # what changed around it, as the gate's own failure says
+            out += [f"  changed since the baseline: {key}: {a} -> {b}"
+                    for key, a, b in environment_changes(prior.get("environment") or {}, test.get("environment") or {})]
+    gone = sorted(set(before) - {t["test"] for t in new["tests"] if t["results"]})
+    out += [f"{test_id}: in the old report only, not compared" for test_id in gone]
     return "\n".join(out), regressed
 
 

@@ -108,8 +108,12 @@ def test_compare_cli_applies_the_baseline_rules(pytester):
     changed = json.loads(old.read_text())
     res = changed["tests"][0]["results"][0]
     res["metrics"]["kv_blocks_peak"] += 24
+    changed["tests"][0]["environment"]["engine_version"] = "9.9.9"
     worse = compare(changed)
     assert worse.returncode == 1 and "paging changed: kv_blocks_peak" in worse.stdout
+    assert "changed since the baseline: engine_version: " in worse.stdout and " -> 9.9.9" in worse.stdout
+    gone = compare({**changed, "tests": []})  # a test the new run no longer has is named, not passed over
+    assert gone.returncode == 0 and "test_r.py::test_chat: in the old report only, not compared" in gone.stdout
     # a tolerance given for a paging metric compares it with that tolerance instead of exactly
     assert compare(changed, "--tolerance", "0.1,kv_blocks_peak=10").returncode == 0
     unknown = compare(changed, "--tolerance", "0.1,blocks=10")
