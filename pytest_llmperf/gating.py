@@ -170,7 +170,7 @@ def beside_failed_limits(cfg: GateConfig, test_id: str) -> str | None:
         return "no baseline written: a test whose limits fail is not recorded"
     if cfg.mode != "require" or baseline.path_for(cfg.root, test_id, cfg.hardware, cfg.model).exists():
         return None
-    return (f"--llmperf-baseline=require: and no baseline for {cfg.hardware}/{cfg.model}; "
+    return (f"--llmperf-baseline=require: no baseline for {cfg.hardware}/{cfg.model} either; "
             f"record it with: {cfg.record_command(test_id)}")
 
 

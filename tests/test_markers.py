@@ -53,7 +53,7 @@ def test_tight(hf_engine, llmperf):
 
 
 @pytest.mark.parametrize("mode, also", [
-    ("require", "--llmperf-baseline=require: and no baseline for cpu/shape:tiny-llama; record it with: pytest "),
+    ("require", "--llmperf-baseline=require: no baseline for cpu/shape:tiny-llama either; record it with: pytest "),
     ("update", "no baseline written: a test whose limits fail is not recorded"),
 ])
 def test_a_failed_limit_also_says_what_the_baseline_gate_would_have(run, mode, also):
