@@ -1,6 +1,7 @@
 """Faults and bad input: each gives a clear error naming the cause, keeps what was measured, and
 leaves no engine process behind; the next test gets a working engine (docs/reliability.md)."""
 
+import re
 import subprocess
 import sys
 import threading
@@ -107,6 +108,18 @@ def test_a_run_that_never_finishes_times_out_and_the_engine_is_replaced(vllm_eng
 def test_too_little_kv_memory_at_start_is_a_clear_error(vllm_engine_factory):
     with pytest.raises(EngineError, match="failed to start .* set VLLM_CPU_KVCACHE_SPACE"):
         vllm_engine_factory(num_gpu_blocks_override=8)  # 7 blocks of 32 cannot hold max_model_len 4096
+
+
+def test_an_engine_option_of_the_wrong_kind_is_named_before_vllm_starts():
+    from pytest_llmperf.engines.base import EngineOptionError
+    from pytest_llmperf.engines.vllm import VLLMEngine
+    from pytest_llmperf.models import resolve_model
+
+    for given, said in (({"max_num_seqs": "lots"}, "takes max_num_seqs as int, got 'lots'"),
+                        ({"enforce_eager": "yes"}, "takes enforce_eager as bool, got 'yes'"),
+                        ({"gpu_memory_utilization": "0.3"}, "takes gpu_memory_utilization as float, got '0.3'")):
+        with pytest.raises(EngineOptionError, match=re.escape(said)):
+            VLLMEngine(resolve_model("shape:tiny-llama"), given)
 
 
 def test_a_vllm_older_than_the_v1_engine_is_refused(monkeypatch):

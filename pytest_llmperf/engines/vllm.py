@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import os
 import tempfile
 import threading
 import time
+import typing
 from collections import defaultdict
 from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple
@@ -193,6 +195,22 @@ def _token_clock(llm: Any, mode: str) -> TokenClock | None:
     return TokenClock(processor)
 
 
+def _check_kinds(args_class: Any, config: dict[str, Any], version: str) -> None:
+    """A number or switch given as something else (`max_num_seqs="lots"`) named here, by option, rather than
+    as a TypeError deep in vLLM's config checks: the annotations of vLLM's engine arguments say which kind
+    each option is (`int | None`, `bool`)."""
+    kinds = {f.name: {k for k in (typing.get_args(f.type) or (f.type,)) if k is not type(None)}
+             for f in dataclasses.fields(args_class)}
+    for key, value in config.items():
+        kind = kinds.get(key, set())
+        if value is None or not kind or not (kind <= {int, float} or kind == {bool}):
+            continue
+        accepted = tuple(kind | {int}) if float in kind else tuple(kind)  # 1 where a share is asked is 1.0
+        if (kind == {bool}) != isinstance(value, bool) or not isinstance(value, accepted):
+            names = " or ".join(sorted(k.__name__ for k in kind))
+            raise EngineOptionError(f"vLLM {version} takes {key} as {names}, got {value!r}")
+
+
 class VLLMEngine(Engine):
     name = "vllm"
 
@@ -271,6 +289,7 @@ class VLLMEngine(Engine):
             engine_args = AsyncEngineArgs(**args)
         except TypeError as e:
             raise EngineOptionError(f"vLLM {self.version} does not take these engine options: {e}") from None
+        _check_kinds(AsyncEngineArgs, config, self.version)
         if not self._cpu and not getattr(engine_args, "kv_cache_memory_bytes", None):
             self._check_free_memory(float(engine_args.gpu_memory_utilization))
         return engine_args
