@@ -66,7 +66,7 @@ def _share(text: str) -> float:
 def _calibrate(args: argparse.Namespace) -> int:
     try:
         runs = [load(path) for path in args.runs]
-        _each_once(args.runs)
+        _each_once(runs, args.runs)
         hardware, model, tolerances = _session(runs, args.runs, args.add)
         root = Path(args.baseline_dir)
         for path, run in zip(args.runs, runs):
@@ -107,14 +107,11 @@ def _added(root: Path, hardware: str, model: str, runs: list[dict[str, Any]], pa
     return found
 
 
-def _each_once(paths: list[str]) -> None:
+def _each_once(runs: list[dict[str, Any]], paths: list[str]) -> None:
     """Each run once: the same file (or a copy of it) twice would count one machine's spread as two runs'."""
-    seen: dict[bytes, str] = {}
-    for path in paths:
-        content = Path(path).read_bytes()
-        if content in seen:
-            raise ValueError(f"{path} and {seen[content]} are the same run: give each run once")
-        seen[content] = path
+    for i, run in enumerate(runs):
+        if run in runs[:i]:
+            raise ValueError(f"{paths[i]} and {paths[runs.index(run)]} are the same run: give each run once")
 
 
 def _unchanged(root: Path, hardware: str, model: str, run: dict[str, Any], path: str) -> None:
