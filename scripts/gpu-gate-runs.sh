@@ -4,7 +4,8 @@
 # still fits in TOTAL_S seconds (a run is given at most 250 s, and a next one starts only with 150 s left:
 # a warm run takes about 140 s), cuts each results.json to what a comparison reads
 # (benchmarks/keep_run.py) and packs those, the logs' last lines and the time-to-verdict lines into
-# $OUT/runs.tgz (at most 8 files come back from the device).
+# $OUT/runs.tgz (at most 8 files come back from the device). KEEP_TESTS: the test files whose results are kept
+# (keep_run.py's --tests; its default, the latency module, unless given).
 set -o pipefail
 prefix=$1 total=$2
 shift 2
@@ -17,7 +18,7 @@ while :; do
   labels+=("$label" "$label.log")
   BUDGET_S=$(( left < 250 ? left : 250 )) scripts/gpu-gate.sh require "$label" "$@"
   if [ -f "$OUT/$label/results.json" ]; then
-    python3 benchmarks/keep_run.py "$OUT/$label/results.json" "$OUT/kept/$label.json"
+    python3 benchmarks/keep_run.py "$OUT/$label/results.json" "$OUT/kept/$label.json" ${KEEP_TESTS:+--tests $KEEP_TESTS}
     python3 -c "import json,sys; print(sys.argv[2], json.load(open(sys.argv[1]))['session']['time_to_verdict_s'])" \
       "$OUT/$label/results.json" "$label" >> "$OUT/kept/time_to_verdict.txt"
   fi
