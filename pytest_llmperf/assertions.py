@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,12 +207,14 @@ def marker_help(name: str) -> str:
 
 
 # -- evaluation ------------------------------------------------------------------------------------
-def parse(name: str, args: Sequence[Any], kwargs: Mapping[str, Any], hardware: str | None) -> list[Limit]:
-    """Validate one marker as written on a test; errors say which marker and what is wrong."""
+def parse(name: str, args: Sequence[Any], kwargs: Mapping[str, Any], hardware: str | None,
+          classes: Collection[str] = ()) -> list[Limit]:
+    """Validate one marker as written on a test; errors say which marker and what is wrong. `classes`:
+    the hardware classes a per-hardware limit may name (none given: any)."""
     fn = MARKERS[name]
     try:
-        args = [_for_hardware(a, hardware) for a in args]
-        kwargs = {k: _for_hardware(v, hardware) if k != "under" else _under_for_hardware(v, hardware)
+        args = [_for_hardware(a, hardware, classes) for a in args]
+        kwargs = {k: _for_hardware(v, hardware, classes) if k != "under" else _under_for_hardware(v, hardware, classes)
                   for k, v in kwargs.items()}
         inspect.signature(fn).bind(*args, **kwargs)
     except TypeError as e:
@@ -225,10 +227,16 @@ def parse(name: str, args: Sequence[Any], kwargs: Mapping[str, Any], hardware: s
         raise MarkerError(f"@pytest.mark.{_written(name, args, kwargs)}: {e}") from None
 
 
-def _for_hardware(value: Any, hardware: str | None) -> Any:
-    """A limit may be a mapping from hardware class to value, with an optional "default"."""
+def _for_hardware(value: Any, hardware: str | None, classes: Collection[str]) -> Any:
+    """A limit may be a mapping from hardware class to value, with an optional "default". A class no one
+    declared is refused: a mistyped key would otherwise hand that hardware the default in silence."""
     if not isinstance(value, Mapping):
         return value
+    unknown = [k for k in value if k != "default" and k != hardware and classes and k not in classes]
+    if unknown:
+        raise MarkerError(f"the limit {dict(value)!r} names hardware class {unknown[0]!r}, which is none of the "
+                          f"classes known here ({', '.join(sorted(classes))}): correct it, or declare a class of your "
+                          "own in the llmperf_hardware_classes ini value")
     if hardware in value:
         return value[hardware]
     if "default" in value:
@@ -236,11 +244,11 @@ def _for_hardware(value: Any, hardware: str | None) -> Any:
     raise MarkerError(f"the limit {dict(value)!r} has no value for hardware class {hardware!r} and no 'default' key")
 
 
-def _under_for_hardware(under: Any, hardware: str | None) -> Any:
+def _under_for_hardware(under: Any, hardware: str | None, classes: Collection[str]) -> Any:
     """`under` is itself a mapping (metric -> limit); each of its limits may be per hardware."""
     if not isinstance(under, Mapping):
         return under
-    return {k: _for_hardware(v, hardware) for k, v in under.items()}
+    return {k: _for_hardware(v, hardware, classes) for k, v in under.items()}
 
 
 DEFAULT_ERROR_LIMIT = Limit("max_error_rate(0) [default]", "error_rate", 0.0, True)

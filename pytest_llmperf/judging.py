@@ -60,9 +60,9 @@ def check_inputs(item: pytest.Item) -> None:
 
 
 def limits(item: pytest.Item) -> list[Limit]:
-    hardware = item.config.stash[SESSION].hardware
+    state = item.config.stash[SESSION]
     return [limit for mark in item.iter_markers() if mark.name in assertions.MARKERS
-            for limit in assertions.parse(mark.name, mark.args, mark.kwargs, hardware)]
+            for limit in assertions.parse(mark.name, mark.args, mark.kwargs, state.hardware, state.hardware_classes)]
 
 
 def _check_baseline_file(item: pytest.Item) -> None:

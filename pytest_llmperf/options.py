@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from . import gating, soak
 from .baseline import PAGING_MODES, parse_tolerance
 from .engines import registry
 from .engines.base import EnginePool, default_engine
+from .gpu import KNOWN_CLASSES
 from .models import DEFAULT_MODEL, check_spec, stored_name
 from .runner import WARMUP_MODES
 from .session import Session
@@ -90,6 +92,21 @@ def add(parser: pytest.Parser) -> None:
     parser.addini("llmperf_model", "default model", default=DEFAULT_MODEL)
     parser.addini("llmperf_engine_config", "default engine options (JSON object)", default="")
     parser.addini("llmperf_hardware", "hardware class override", default="")
+    parser.addini("llmperf_hardware_classes", "hardware classes of this project's own, besides the known ones "
+                  f"({', '.join(KNOWN_CLASSES)}), that per-hardware limits may name", type="args", default=[])
+
+
+def hardware_override(config: pytest.Config) -> str | None:
+    """The class --llmperf-hardware / llmperf_hardware names, as the plugin spells classes (lower case, as
+    `-m` selects them and baselines/<class>/ holds them), or None: detect it."""
+    given = value(config, "hardware")
+    if not given:
+        return None
+    cls = given.strip().lower()
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", cls):
+        raise pytest.UsageError(f"--llmperf-hardware/llmperf_hardware={given!r}: a hardware class is a name of letters, "
+                                f"digits, '.', '_' and '-', e.g. {', '.join(KNOWN_CLASSES[:3])}")
+    return cls
 
 
 def value(config: pytest.Config, name: str) -> Any:
@@ -129,6 +146,7 @@ def session(config: pytest.Config, hardware: str, engines: dict[str, str]) -> Se
         model_spec=model_spec,
         engine_defaults=engine_config(value(config, "engine-config")),
         hardware=hardware,
+        hardware_classes=frozenset(KNOWN_CLASSES) | {hardware, *config.getini("llmperf_hardware_classes")},
         gpu=None,  # claimed once the session uses the plugin (activation.py)
         gate=gating.GateConfig(mode, root if root.is_absolute() else config.rootpath / root,
                                tolerance, hardware, stored_name(model_spec), retries, tolerances,
@@ -229,5 +247,5 @@ def _report_dir(given: str | None) -> Path | None:
 def _update_args(config: pytest.Config, model_spec: str) -> str:
     """The options a command that records this session's baselines must repeat (not the defaults)."""
     given = {"model": model_spec if model_spec != DEFAULT_MODEL else None,
-             "engine": value(config, "engine") or None, "hardware": value(config, "hardware") or None}
+             "engine": value(config, "engine") or None, "hardware": hardware_override(config)}
     return " ".join(f"--llmperf-{name}={shlex.quote(v)}" for name, v in given.items() if v)

@@ -38,7 +38,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    hardware = options.value(config, "hardware") or machine_class()
+    hardware = options.hardware_override(config) or machine_class()
     for line in markers.catalogue(hardware):
         config.addinivalue_line("markers", line)
     engines = registry.discover()

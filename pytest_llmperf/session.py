@@ -35,6 +35,8 @@ class Session:
     hardware: str
     gpu: GpuInfo | None  # the first of `gpus`
     gate: gating.GateConfig
+    # the classes a per-hardware limit may name: the known ones, this machine's, the project's own (ini)
+    hardware_classes: frozenset[str] = frozenset()
     gpus: tuple[GpuInfo, ...] = ()  # this worker's GPUs: as many as its engines spread over
     engines: dict[str, str] = field(default_factory=dict)  # registered engines (engines.registry)
     pool: EnginePool = field(default_factory=EnginePool)

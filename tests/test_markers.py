@@ -90,6 +90,8 @@ def test_it(hf_engine, llmperf):
     ("min_prefix_cache_hit_rate(2)", "must be within [0, 1]"),
     ("max_preemptions(1.5)", "whole number"),
     ("max_p99_ms(ttft={'a100': 5})", "no value for hardware class 'cpu'"),
+    ("max_p99_ms(ttft={'h20o': 5, 'default': 9})", "names hardware class 'h20o', which is none of the classes known "
+                                                   "here (a100, a10g, b200, cpu, gh200, h100, h200, l4, l40s, mi300x)"),
     ("llmperf_engine(32)", "keyword options only"),
     ("llmperf_model()", "takes one model as --llmperf-model takes it"),
     ("llmperf_gate()", "names nothing: give groups (paging, memory, timing, capacity)"),
@@ -171,6 +173,22 @@ def test_class_applies(hf_engine, llmperf):
 """)
     result.assert_outcomes(passed=1, failed=1)
     assert "test_class_applies" in result.stdout.str().split("short test summary")[1]
+
+
+def test_a_class_of_the_projects_own_may_key_a_limit_once_declared(run, pytester):
+    # no engine runs: a rejected key errors before the body, an accepted one reaches the body
+    body = """
+@pytest.mark.max_p99_ms(ttft={"a100-80gb": 5, "default": 9})
+def test_it(llmperf):
+    raise AssertionError("reached the body")
+"""
+    result = run(body)
+    result.assert_outcomes(errors=1)
+    assert "names hardware class 'a100-80gb'" in result.stdout.str()
+    pytester.makeini("[pytest]\nllmperf_hardware_classes = a100-80gb pool-b\n")
+    result = run(body)
+    result.assert_outcomes(failed=1)
+    assert "reached the body" in result.stdout.str()
 
 
 def test_workload_longer_than_the_model_is_a_clear_error(run):

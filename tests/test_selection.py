@@ -1,5 +1,7 @@
 """Hardware selection: `-m CLASS` selects every test that uses the plugin and names no other class."""
 
+import pytest
+
 SUITE = """
 import pytest
 
@@ -32,6 +34,15 @@ def test_unmarked_plugin_tests_carry_this_machines_class(pytester):
     assert names == ["test_s.py::test_any", "test_s.py::test_limit_only", "test_s.py::test_h200_only"]
     names, _ = selected(pytester, "-m", "a100 or h200", "--llmperf-hardware", "a100")
     assert names == ["test_s.py::test_any", "test_s.py::test_limit_only", "test_s.py::test_h200_only"]
+
+
+def test_a_hardware_class_given_in_capitals_is_the_lower_case_class_and_a_bad_name_a_usage_error(pytester):
+    pytester.makepyfile(test_s=SUITE)
+    names, _ = selected(pytester, "-m", "h200", "--llmperf-hardware", "H200")
+    assert names == ["test_s.py::test_any", "test_s.py::test_limit_only", "test_s.py::test_h200_only"]
+    _, result = selected(pytester, "--llmperf-hardware", "h200 sxm")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--llmperf-hardware/llmperf_hardware='h200 sxm': a hardware class is a name of letters*"])
 
 
 def test_a_selection_that_finds_nothing_says_why(pytester):
