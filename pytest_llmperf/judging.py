@@ -25,6 +25,9 @@ from .runner import LLMPerf
 from .selection import uses_plugin
 from .session import LIMITS, SESSION, Session, engine_options, gate_option, model_option
 
+UNREADABLE = "unreadable"  # a test's baseline status when its stored file could not be read
+UNREADABLE_BASELINE = pytest.StashKey[bool]()
+
 if TYPE_CHECKING:
     from .plots import Picture
 
@@ -70,7 +73,16 @@ def _check_baseline_file(item: pytest.Item) -> None:
     if gate.mode in ("off", "update") or not uses_plugin(item):
         return
     gating.tolerances([m.kwargs for m in item.iter_markers(markers.TOLERANCE)])
-    load_baseline(path_for(gate.root, item.nodeid, gate.hardware, gate.model))
+    try:
+        load_baseline(path_for(gate.root, item.nodeid, gate.hardware, gate.model))
+    except gating.BaselineError:
+        item.stash[UNREADABLE_BASELINE] = True  # the summary counts it beside the baselines compared
+        raise
+
+
+def unreadable_baseline_record(item: pytest.Item) -> TestRecord | None:
+    """The record of a test that errored before its body on an unreadable baseline file, else None."""
+    return TestRecord(item.nodeid, "error", UNREADABLE) if item.stash.get(UNREADABLE_BASELINE, False) else None
 
 
 # -- after the test --------------------------------------------------------------------------------------

@@ -109,6 +109,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
     report = yield
+    if call.when == "setup" and report.failed and (unreadable := judging.unreadable_baseline_record(item)):
+        report.llmperf_record = asdict(unreadable)  # errored before its body, still counted with the baselines
     if call.when != "call":
         return report
     try:
@@ -163,7 +165,7 @@ class RecordCollector:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         record = getattr(report, "llmperf_record", None)
-        if record is not None and report.when == "call":
+        if record is not None and report.when in ("setup", "call"):
             self.state.records.append(TestRecord(**record))
 
 

@@ -102,7 +102,7 @@ def markdown(records: Sequence[TestRecord], session: Mapping[str, Any]) -> str:
 
 _STANDING = (("pass", "passed"), ("regression", "regressed"), (baseline.NO_BASELINE, "had no baseline"),
              (baseline.STALE, "had a stale baseline"), (baseline.OTHER_ENGINE, "had only another engine's baseline"),
-             ("updated", "recorded"))
+             ("updated", "recorded"), ("unreadable", "had an unreadable baseline (an error before the test ran)"))
 
 
 def baseline_counts(records: Sequence[TestRecord]) -> str:
