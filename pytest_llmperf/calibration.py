@@ -79,6 +79,8 @@ def deviations(root: Path, hardware: str, model: str, runs: Sequence[Mapping[str
     stored: dict[str, dict[str, bl.Entry]] = {}  # each test's baseline, read once
     for run in runs:
         for test in run["tests"]:
+            if not test["results"]:  # errored before it ran (an unreadable baseline): nothing to deviate
+                continue
             if test["test"] not in stored:
                 doc = bl.load(bl.path_for(root, test["test"], hardware, model))
                 stored[test["test"]] = {e["label"]: bl.Entry.from_dict(e) for e in doc["entries"]} if doc else {}
