@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The tests no one here had seen (benchmarks/unseen_suite) in the gate's own flow on the lent GPU, as
+# benchmarks/unseen_gate.py runs them on the CPU: `scripts/gpu-unseen.sh LABEL TOTAL_S [pytest options]`
+# records their baselines with `update` in one pytest process (LABEL0, into /tmp: none ship), then runs
+# `require` in fresh processes (LABEL1, LABEL2, ...) while one still fits in TOTAL_S seconds
+# (scripts/gpu-gate-runs.sh). Brings back the recording's log and results.json, the baselines
+# ($OUT/unseen-base.tgz) and the compares' kept results ($OUT/runs.tgz).
+set -o pipefail
+label=$1 total=$2
+shift 2
+start=$(date +%s)
+export GATE_TESTS=benchmarks/unseen_suite KEEP_TESTS=benchmarks/unseen_suite/test_unseen.py
+nvidia-smi -L
+BUDGET_S=$(( total < 400 ? total : 400 )) scripts/gpu-gate.sh update "${label}0" --llmperf-baseline-dir=/tmp/unseen-base "$@"
+tar czf "$OUT/unseen-base.tgz" -C /tmp unseen-base
+rm -f "$OUT/${label}0/summary.md" "$OUT"/baselines-*.tgz  # the shipped baselines, unchanged: not needed back
+grep -h "^time to verdict" "$OUT/${label}0.log"
+scripts/gpu-gate-runs.sh "$label" $(( total - ($(date +%s) - start) )) --llmperf-baseline-dir=/tmp/unseen-base "$@"
+cat "$OUT/kept/time_to_verdict.txt" 2>/dev/null || tar xzOf "$OUT/runs.tgz" kept/time_to_verdict.txt 2>/dev/null
