@@ -347,52 +347,57 @@ def could_be_noise(violations: Sequence[Violation], offline: bool) -> bool:
 
 def check_sweeps(limits: Iterable[Limit], sweeps: Sequence[Sweep]) -> list[Violation]:
     """Curve limits against the recorded sweeps; MarkerError when no sweep of the right kind exists."""
-    violations = []
-    for limit in limits:
-        if limit.metric == "output_tokens_per_s_per_gib":
-            for sweep in sweeps:
-                best = max((v for p in sweep.points if (v := throughput_per_gib(p.result)) is not None), default=None)
-                if best is None:
-                    raise MarkerError(f"@pytest.mark.{limit.marker} cannot be checked: no GPU memory was measured")
-                if not limit.holds(best):
-                    violations.append(Violation(limit, best, sweep.points[-1].result,
-                                                context=f"best point of sweep {sweep.label!r}"))
-            continue
-        kind = limit.metric.removeprefix("capacity_")
-        matching = [s for s in sweeps if s.kind == kind]
-        if not matching:
-            raise MarkerError(f"@pytest.mark.{limit.marker} needs a {kind} sweep: call llmperf.sweep(engine, factory, "
-                              f"{'concurrency' if kind == 'concurrency' else 'rates'}=[...]) or llmperf.find_capacity(...)")
-        for sweep in matching:
-            under = dict(limit.under) or dict(sweep.under)
-            if not under:
-                raise MarkerError(f"@pytest.mark.{limit.marker}: give under={{'p99_ttft_ms': ...}} here or in the sweep")
-            cap = sweep.capacity(under)
-            if cap is None or not limit.holds(cap):
-                shown = ", ".join(f"{k} <= {number(v)}" for k, v in under.items())
-                context = (f"sweep {sweep.label!r} over {kind} {', '.join(number(v) for v in sweep.values)}; "
-                           f"capacity = the largest {kind} with {shown} and no failed request")
-                violations.append(Violation(limit, cap if cap is not None else 0.0, sweep.points[-1].result,
-                                            context=context))
-    return violations
+    return [Violation(limit, value, sweep.points[-1].result, context=context)
+            for limit in limits for sweep, value, context in sweep_values(limit, sweeps) if not limit.holds(value)]
 
 
-def margins(limits: Sequence[Limit], results: Sequence[PerfResult]) -> list[dict[str, Any]]:
-    """Each point limit against each result's first pass, as the summary table shows it: the measured
-    value, the bound, and the share of the bound left to spare (negative: violated). Sweep limits are
-    judged on curves and left out; so is a metric the result did not measure."""
-    rows = []
+def sweep_values(limit: Limit, sweeps: Sequence[Sweep]) -> list[tuple[Sweep, float, str]]:
+    """What a curve limit judges in each sweep it applies to (a capacity, or the best throughput per GiB),
+    with the words that say where it came from; MarkerError when it cannot be judged."""
+    if limit.metric == "output_tokens_per_s_per_gib":
+        out = []
+        for sweep in sweeps:
+            best = max((v for p in sweep.points if (v := throughput_per_gib(p.result)) is not None), default=None)
+            if best is None:
+                raise MarkerError(f"@pytest.mark.{limit.marker} cannot be checked: no GPU memory was measured")
+            out.append((sweep, best, f"best point of sweep {sweep.label!r}"))
+        return out
+    kind = limit.metric.removeprefix("capacity_")
+    matching = [s for s in sweeps if s.kind == kind]
+    if not matching:
+        raise MarkerError(f"@pytest.mark.{limit.marker} needs a {kind} sweep: call llmperf.sweep(engine, factory, "
+                          f"{'concurrency' if kind == 'concurrency' else 'rates'}=[...]) or llmperf.find_capacity(...)")
+    out = []
+    for sweep in matching:
+        under = dict(limit.under) or dict(sweep.under)
+        if not under:
+            raise MarkerError(f"@pytest.mark.{limit.marker}: give under={{'p99_ttft_ms': ...}} here or in the sweep")
+        cap = sweep.capacity(under)
+        shown = ", ".join(f"{k} <= {number(v)}" for k, v in under.items())
+        context = (f"sweep {sweep.label!r} over {kind} {', '.join(number(v) for v in sweep.values)}; "
+                   f"capacity = the largest {kind} with {shown} and no failed request")
+        out.append((sweep, cap if cap is not None else 0.0, context))
+    return out
+
+
+def margins(limits: Sequence[Limit], results: Sequence[PerfResult], sweeps: Sequence[Sweep] = ()) -> list[dict[str, Any]]:
+    """Each point limit against each result's first pass, and each curve limit against each sweep it
+    judges, as the summary table shows them: the measured value, the bound, and the share of the bound
+    left to spare (negative: violated). A metric the result did not measure is left out."""
+    measured: list[tuple[str, Limit, float]] = []
     for i, result in enumerate(results):
         values = result.flat()
-        for limit in limits:
-            measured = values.get(limit.metric)
-            if limit.on_sweeps or measured is None:
-                continue
-            spare = (limit.bound - measured if limit.upper else measured - limit.bound) / limit.bound if limit.bound else None
-            rows.append({"result": result.label or str(i), "marker": limit.marker, "metric": limit.metric,
-                         "bound": limit.bound, "upper": limit.upper, "unit": limit.unit, "measured": float(measured),
-                         "margin": spare})
-    return rows
+        measured += [(result.label or str(i), limit, float(values[limit.metric])) for limit in limits
+                     if not limit.on_sweeps and values.get(limit.metric) is not None]
+    for limit in (lim for lim in limits if lim.on_sweeps):
+        try:
+            measured += [(sweep.label, limit, float(value)) for sweep, value, _ in sweep_values(limit, sweeps)]
+        except MarkerError:  # not judgeable: the test's failure says why
+            continue
+    return [{"result": label, "marker": limit.marker, "metric": limit.metric, "bound": limit.bound,
+             "upper": limit.upper, "unit": limit.unit, "measured": value,
+             "margin": ((limit.bound - value if limit.upper else value - limit.bound) / limit.bound
+                        if limit.bound else None)} for label, limit, value in measured]
 
 
 def format_margin(row: Mapping[str, Any]) -> str:
@@ -408,7 +413,8 @@ def format_margin(row: Mapping[str, Any]) -> str:
     else:
         share = abs(row["margin"])
         shown = f"{share:.0%}" if share >= 0.1 else f"{share:.1%}"  # never "over by 0%" for a limit missed
-        note = f" ({shown} to spare)" if row["margin"] >= 0 else f" ({missed} by {shown})"
+        note = (" (at the limit)" if share == 0 else f" ({shown} to spare)" if row["margin"] >= 0
+                else f" ({missed} by {shown})")
     return f"{row['metric']} {number(measured)}{unit} {op} {number(bound)}{unit}{note}"
 
 

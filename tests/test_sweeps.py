@@ -63,6 +63,10 @@ def test_min_capacity_passes_and_fails_on_a_real_sweep(pytester):
     assert all((pytester.path / "rep" / p).stat().st_size > 10_000 for p in plots)
     summary = (pytester.path / "rep" / "summary.md").read_text()
     assert "### Sweeps" in summary and "### Plots" in summary
+    # the curve limit has its margin line and its row in results.json, as a point limit has
+    (margin,) = doc["tests"][0]["limits"]
+    assert margin["metric"] == "capacity_concurrency" and margin["measured"] == 4 and margin["result"] == "sweep"
+    passed.stdout.fnmatch_lines(["  limits of test_c.py::test_curve: capacity_concurrency 4 >= 4 (at the limit) [sweep]"])
 
     pytester.makepyfile(test_c=SWEEP_TEST.replace("CAP", "8"))
     failed = pytester.runpytest_inprocess("--llmperf-engine=hf", "-p", "no:cacheprovider")
@@ -71,6 +75,7 @@ def test_min_capacity_passes_and_fails_on_a_real_sweep(pytester):
     assert "capacity_concurrency = 4 < limit 8" in out and "sweep 'sweep' over concurrency 1, 2, 4" in out
     assert "p99_ttft_ms" in out and "[plain]" in out  # the plain run is judged, the sweep points are not
     assert "[sweep@" not in out
+    failed.stdout.fnmatch_lines(["  limits of test_c.py::test_curve: *capacity_concurrency 4 < 8 (short by 50%)*"])
 
 
 def test_find_capacity_bisects_within_its_run_budget(hf_engine_factory, llmperf):
