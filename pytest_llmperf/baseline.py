@@ -218,7 +218,8 @@ class Row:
     allowed: float  # relative tolerance applied
     # "ok", "regression", "improvement", "changed" (deterministic paging moved the better way: fails too),
     # "reported" (not gated by default, or paging under timed arrivals: shown, fails only where a test
-    # gives it a tolerance), "not-gated" (a gated percentile of too few samples: the reason says so)
+    # gives it a tolerance), "not-gated" (a gated percentile of too few samples, or a higher-is-better
+    # metric allowed 100% or more, which no fall could exceed: the reason says so)
     verdict: str
     reason: str = ""
     exact: bool = False  # a deterministic paging metric: measuring again cannot change it
@@ -477,6 +478,10 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
     too_few = _too_few_samples(old, cur, metric)
     if too_few:
         return row("not-gated", too_few)
+    if higher_better and tol >= 1:
+        # a fall is at most 100%: an allowance that large passes anything, so the row must not read "ok"
+        return row("not-gated", f"{UNFAILABLE}: allowed {tol:.0%} and a fall is at most 100% (its passes, starts or "
+                                "tolerance spread that wide); quieten the runner or lower its tolerance to gate it")
     if c == b or change <= tol:
         return row("ok")
     if exact:
@@ -493,6 +498,9 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
     if cur.passes > 1:
         reason += f", in every one of {cur.passes} passes"
     return row("regression", reason)
+
+
+UNFAILABLE = "not gated: it could not fail"
 
 
 def _too_few_samples(old: Entry, cur: Entry, metric: str) -> str:

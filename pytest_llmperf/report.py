@@ -121,11 +121,14 @@ def baseline_counts(records: Sequence[TestRecord]) -> str:
     rows = [row for row in rows if row["metric"] != baseline.TIMELINE]
     worse = sum(row["verdict"] in baseline.FAILING for row in rows)
     better = sum(row["verdict"] in ("improvement", "changed") for row in rows)
-    few = sum(row["verdict"] == "not-gated" for row in rows)
+    unfailable = sum(row["verdict"] == "not-gated" and row["reason"].startswith(baseline.UNFAILABLE) for row in rows)
+    few = sum(row["verdict"] == "not-gated" for row in rows) - unfailable
     return (f"baselines: {len(judged)} tests: " + ", ".join(parts)
             + f"; {worse} metric{'s' if worse != 1 else ''} regressed or changed, {better} improved"
             + (f"; {len(timelines)} paging timeline{'s' if len(timelines) != 1 else ''} changed" if timelines else "")
-            + (f"; {few} percentile{'s' if few != 1 else ''} not gated (too few samples for them)" if few else ""))
+            + (f"; {few} percentile{'s' if few != 1 else ''} not gated (too few samples for them)" if few else "")
+            + (f"; {unfailable} metric{'s' if unfailable != 1 else ''} not gated (allowed a fall of 100% or more: "
+               "could not fail)" if unfailable else ""))
 
 
 def write(directory: Path, records: Sequence[TestRecord], session: Mapping[str, Any]) -> list[Path]:

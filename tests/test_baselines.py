@@ -64,6 +64,25 @@ def test_timing_tolerance_direction_and_improvements():
     assert better.status == "pass" and {r.verdict for r in better.rows} == {"improvement"}
 
 
+def test_a_throughput_allowed_to_fall_100_percent_or_more_reads_not_gated_not_ok():
+    """A fall is at most 100%: a throughput whose allowance (its tolerance, or its baseline's pass spread on a
+    loaded runner) reaches that cannot fail, and says so rather than "ok"; below it, it gates as before."""
+    old = entry([{"output_tokens_per_s": 100.0, "p50_ttft_ms": 50.0}])
+    gone = entry([{"output_tokens_per_s": 1.0, "p50_ttft_ms": 50.0}])
+    v = baseline.compare(stored(old), [gone], tolerances={"output_tokens_per_s": 1.5})
+    row = {r.metric: r for r in v.rows}["output_tokens_per_s"]
+    assert v.status == "pass" and row.verdict == "not-gated"
+    assert row.reason.startswith("not gated: it could not fail: allowed 150% and a fall is at most 100%")
+    assert baseline.compare(stored(old), [gone], tolerances={"output_tokens_per_s": 0.9}).status == "regression"
+    # latency has no such ceiling: a 150% allowance still fails a 3x rise
+    slow = entry([{"output_tokens_per_s": 100.0, "p50_ttft_ms": 150.0}])
+    assert baseline.compare(stored(old), [slow], tolerances={"p50_ttft_ms": 1.5}).status == "regression"
+    from pytest_llmperf.report import TestRecord, baseline_counts
+
+    rec = TestRecord("t", "passed", v.status, [{**r.__dict__, "change": r.change} for r in v.rows])
+    assert "1 metric not gated (allowed a fall of 100% or more: could not fail)" in baseline_counts([rec])
+
+
 def test_tails_are_reported_not_gated_unless_a_tolerance_names_them():
     old = entry([{"p99_ttft_ms": 50.0, "p99_itl_ms": 5.0, "p50_ttft_ms": 20.0}])
     new = entry([{"p99_ttft_ms": 90.0, "p99_itl_ms": 9.0, "p50_ttft_ms": 20.0}])
