@@ -20,12 +20,11 @@ from .assertions import Limit, MarkerError
 from .baseline import load as load_baseline
 from .baseline import path_for, slug
 from .paging_timeline import Timeline, divergence_step
-from .report import HEADLINE, TestRecord, result_record
+from .report import HEADLINE, UNREADABLE, TestRecord, result_record
 from .runner import LLMPerf
 from .selection import uses_plugin
 from .session import LIMITS, SESSION, Session, engine_options, gate_option, model_option
 
-UNREADABLE = "unreadable"  # a test's baseline status when its stored file could not be read
 UNREADABLE_BASELINE = pytest.StashKey[bool]()
 
 if TYPE_CHECKING:

@@ -100,9 +100,11 @@ def markdown(records: Sequence[TestRecord], session: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+UNREADABLE = "unreadable"  # a test's baseline status when its stored file could not be read: it errored at setup
+
 _STANDING = (("pass", "passed"), ("regression", "regressed"), (baseline.NO_BASELINE, "had no baseline"),
              (baseline.STALE, "had a stale baseline"), (baseline.OTHER_ENGINE, "had only another engine's baseline"),
-             ("updated", "recorded"), ("unreadable", "had an unreadable baseline (an error before the test ran)"))
+             ("updated", "recorded"), (UNREADABLE, "had an unreadable baseline (an error before the test ran)"))
 
 
 def baseline_counts(records: Sequence[TestRecord]) -> str:
