@@ -23,6 +23,7 @@ while :; do
       "$OUT/$label/results.json" "$label" >> "$OUT/kept/time_to_verdict.txt"
   fi
   tail -40 "$OUT/$label.log" > "$OUT/kept/$label.tail.log"
+  mkdir -p "$OUT/$label"  # a run stopped by its budget wrote no report folder: tar must still find it
 done
 (cd "$OUT" && tar czf runs.tgz kept "${labels[@]}" && rm -rf kept "${labels[@]}")
 echo "$k runs in $(( $(date +%s) - start )) s"

@@ -11,7 +11,12 @@ shift 2
 start=$(date +%s)
 export GATE_TESTS=benchmarks/unseen_suite KEEP_TESTS=benchmarks/unseen_suite/test_unseen.py
 nvidia-smi -L
+rm -rf /tmp/unseen-base  # a warm machine keeps /tmp: no baseline of an earlier call may mix in
 BUDGET_S=$(( total < 400 ? total : 400 )) scripts/gpu-gate.sh update "${label}0" --llmperf-baseline-dir=/tmp/unseen-base "$@"
+rc=$?
+if [ "$rc" -ne 0 ] || [ ! -f "$OUT/${label}0/results.json" ]; then
+  echo "the recording did not finish (rc=$rc): no compare runs"; exit 1
+fi
 tar czf "$OUT/unseen-base.tgz" -C /tmp unseen-base
 rm -f "$OUT/${label}0/summary.md" "$OUT"/baselines-*.tgz  # the shipped baselines, unchanged: not needed back
 grep -h "^time to verdict" "$OUT/${label}0.log"
