@@ -52,8 +52,10 @@ def failing(root: Path, run: dict[str, Any], only: str | None = None) -> list[st
     for test in run["tests"]:
         if only is not None and test["test"] != only:
             continue
+        if not test["results"]:  # errored before it ran (an unreadable baseline): nothing to compare
+            continue
         stored = bl.load(bl.path_for(root, test["test"], session["hardware"], session["model"]))
-        if stored is None or not test["results"]:
+        if stored is None:
             continue
         verdict = bl.compare(stored, [bl.Entry.from_dict(r) for r in test["results"]], per_metric, default,
                              gated=bl.recorded_gate(test),

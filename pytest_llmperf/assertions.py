@@ -37,6 +37,11 @@ class Limit:
     def on_sweeps(self) -> bool:
         return self.metric.startswith("capacity_")
 
+    def on_curve(self, sweeps: Sequence[Any]) -> bool:
+        """Judged on the recorded sweeps rather than result by result: a capacity always, the throughput
+        per GiB whenever the test recorded a sweep (its best point counts)."""
+        return self.on_sweeps or (bool(sweeps) and self.metric == "output_tokens_per_s_per_gib")
+
     def holds(self, value: float) -> bool:
         return value <= self.bound if self.upper else value >= self.bound
 
@@ -388,8 +393,8 @@ def margins(limits: Sequence[Limit], results: Sequence[PerfResult], sweeps: Sequ
     for i, result in enumerate(results):
         values = result.flat()
         measured += [(result.label or str(i), limit, float(values[limit.metric])) for limit in limits
-                     if not limit.on_sweeps and values.get(limit.metric) is not None]
-    for limit in (lim for lim in limits if lim.on_sweeps):
+                     if not limit.on_curve(sweeps) and values.get(limit.metric) is not None]
+    for limit in (lim for lim in limits if lim.on_curve(sweeps)):
         try:
             measured += [(sweep.label, limit, float(value)) for sweep, value, _ in sweep_values(limit, sweeps)]
         except MarkerError:  # not judgeable: the test's failure says why

@@ -119,7 +119,7 @@ def _limits_verdict(test_id: str, limits: list[Limit], perf: LLMPerf | None,
     in_sweeps = perf.sweep_labels if perf is not None else set()
     # sweep points are judged as a curve (min_capacity), not one by one: overload is their purpose
     results = [r for r in perf.results if r.label not in in_sweeps] if perf is not None else []
-    curve_limits = [lim for lim in limits if lim.on_sweeps or (sweeps and lim.metric == "output_tokens_per_s_per_gib")]
+    curve_limits = [lim for lim in limits if lim.on_curve(sweeps)]
     point_limits = [lim for lim in limits if lim not in curve_limits]
     if limits and not results and not sweeps:
         names = sorted({lim.marker.split("(")[0] for lim in limits})

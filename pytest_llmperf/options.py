@@ -100,12 +100,19 @@ def hardware_override(config: pytest.Config) -> str | None:
     """The class --llmperf-hardware / llmperf_hardware names, as the plugin spells classes (lower case, as
     `-m` selects them and baselines/<class>/ holds them), or None: detect it."""
     given = value(config, "hardware")
-    if not given:
-        return None
+    return _class_name(given, "--llmperf-hardware/llmperf_hardware") if given else None
+
+
+def _declared_classes(config: pytest.Config) -> list[str]:
+    """The project's own classes (llmperf_hardware_classes), spelled as the plugin spells classes."""
+    return [_class_name(c, "llmperf_hardware_classes") for c in config.getini("llmperf_hardware_classes")]
+
+
+def _class_name(given: str, where: str) -> str:
     cls = given.strip().lower()
     if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", cls):
-        raise pytest.UsageError(f"--llmperf-hardware/llmperf_hardware={given!r}: a hardware class is a name of letters, "
-                                f"digits, '.', '_' and '-', e.g. {', '.join(KNOWN_CLASSES[:3])}")
+        raise pytest.UsageError(f"{where}={given!r}: a hardware class is a name of letters, digits, '.', '_' and '-', "
+                                f"e.g. {', '.join(KNOWN_CLASSES[:3])}")
     return cls
 
 
@@ -146,7 +153,7 @@ def session(config: pytest.Config, hardware: str, engines: dict[str, str]) -> Se
         model_spec=model_spec,
         engine_defaults=engine_config(value(config, "engine-config")),
         hardware=hardware,
-        hardware_classes=frozenset(KNOWN_CLASSES) | {hardware, *config.getini("llmperf_hardware_classes")},
+        hardware_classes=frozenset(KNOWN_CLASSES) | {hardware, *_declared_classes(config)},
         gpu=None,  # claimed once the session uses the plugin (activation.py)
         gate=gating.GateConfig(mode, root if root.is_absolute() else config.rootpath / root,
                                tolerance, hardware, stored_name(model_spec), retries, tolerances,

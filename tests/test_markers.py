@@ -185,7 +185,7 @@ def test_it(llmperf):
     result = run(body)
     result.assert_outcomes(errors=1)
     assert "names hardware class 'a100-80gb'" in result.stdout.str()
-    pytester.makeini("[pytest]\nllmperf_hardware_classes = a100-80gb pool-b\n")
+    pytester.makeini("[pytest]\nllmperf_hardware_classes = A100-80GB pool-b\n")
     result = run(body)
     result.assert_outcomes(failed=1)
     assert "reached the body" in result.stdout.str()
