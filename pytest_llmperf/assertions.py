@@ -172,6 +172,9 @@ def min_capacity(*, concurrency: float | None = None, rate: float | None = None,
     """fail when the largest concurrency (or request rate) of a recorded sweep whose latency limits
     still hold is below the bound; under={"p99_ttft_ms": 500} (default: the sweep's own under=)."""
     given = _need_one({"concurrency": concurrency, "rate": rate}, ["concurrency", "rate"])
+    zero = [k for k, v in given.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0]
+    if zero:
+        raise MarkerError(f"{zero[0]}={given[zero[0]]!r} must be above 0: a capacity of at least 0 always holds")
     limits_under: tuple[tuple[str, float], ...] = ()
     if under is not None:
         if not isinstance(under, Mapping) or not under:

@@ -98,6 +98,7 @@ def test_it(hf_engine, llmperf):
     ("llmperf_gate('speed')", "unknown metric or group 'speed'"),
     ("llmperf_model(model='shape:tiny-llama')", "takes one model as --llmperf-model takes it"),
     ("llmperf_model('shape:tiny-lama')", "llmperf_model('shape:tiny-lama'): unknown model shape 'tiny-lama'"),
+    ("min_capacity(concurrency=0, under={'p99_ttft_ms': 1000})", "concurrency=0 must be above 0"),
     ("min_capacity(concurrency=4, under={'ttft_p99_ms': 1000})",
      "under= names 'ttft_p99_ms', not a latency metric: choose among mean_ttft_ms, p50_ttft_ms"),
 ])
