@@ -5,7 +5,9 @@
 # a warm run takes about 140 s), cuts each results.json to what a comparison reads
 # (benchmarks/keep_run.py) and packs those, the logs' last lines and the time-to-verdict lines into
 # $OUT/runs.tgz (at most 8 files come back from the device). KEEP_TESTS: the test files whose results are kept
-# (keep_run.py's --tests; its default, the latency module, unless given).
+# (keep_run.py's --tests; its default, the latency module, unless given). FIRST_RUN_S: the first run's
+# limit instead of 250 s (a fresh machine with no compile cache carried takes up to 400 s); KEEP_CACHE=1
+# packs the vLLM compile cache after the first run only (scripts/gpu-gate.sh), for the next calls to carry.
 set -o pipefail
 prefix=$1 total=$2
 shift 2
@@ -16,7 +18,9 @@ while :; do
   [ "$left" -ge 150 ] || break
   k=$((k + 1)) label="$prefix$k"
   labels+=("$label" "$label.log")
-  BUDGET_S=$(( left < 250 ? left : 250 )) scripts/gpu-gate.sh require "$label" "$@"
+  cap=250 keep=0
+  [ "$k" -gt 1 ] || { cap=${FIRST_RUN_S:-250}; keep=${KEEP_CACHE:-0}; }
+  BUDGET_S=$(( left < cap ? left : cap )) KEEP_CACHE=$keep scripts/gpu-gate.sh require "$label" "$@"
   if [ -f "$OUT/$label/results.json" ]; then
     python3 benchmarks/keep_run.py "$OUT/$label/results.json" "$OUT/kept/$label.json" ${KEEP_TESTS:+--tests $KEEP_TESTS}
     python3 -c "import json,sys; print(sys.argv[2], json.load(open(sys.argv[1]))['session']['time_to_verdict_s'])" \
