@@ -1,6 +1,7 @@
 """Faults and bad input: each gives a clear error naming the cause, keeps what was measured, and
 leaves no engine process behind; the next test gets a working engine (docs/reliability.md)."""
 
+import os
 import re
 import subprocess
 import sys
@@ -57,12 +58,16 @@ pytestmark = pytest.mark.llmperf_engine(num_gpu_blocks_override=150, block_size=
 W = Workload.offline(4, prompt_len=32, output_len=8, seed=1)
 
 
-def test_a_kill_while_idle(vllm_engine, llmperf):
+def kill_engine_core(vllm_engine, llmperf):
     assert llmperf.run(vllm_engine, W, warmup=False).failed == 0
     victims = psutil.Process().children(recursive=True)
     for p in victims:
         p.kill()
     psutil.wait_procs(victims, timeout=10)
+
+
+def test_a_kill_while_idle(vllm_engine, llmperf):
+    kill_engine_core(vllm_engine, llmperf)
 
 
 def test_b_next(vllm_engine, llmperf):
@@ -76,18 +81,37 @@ def test_b_next(vllm_engine, llmperf):
 
 def test_c_after(vllm_engine, llmperf):
     assert llmperf.run(vllm_engine, W, warmup=False).failed == 0
+
+
+def test_d_kill_again(vllm_engine, llmperf):
+    kill_engine_core(vllm_engine, llmperf)
+
+
+def test_e_next_noticed_late(vllm_engine, llmperf, monkeypatch):
+    # vLLM's monitor thread may notice the dead core only after the run's first look: force that order
+    looks = iter([False])
+    monkeypatch.setattr(type(vllm_engine), "_dead", lambda self: next(looks, bool(self._llm.errored)))
+    llmperf.run(vllm_engine, W, warmup=False)
+
+
+def test_f_after(vllm_engine, llmperf):
+    assert llmperf.run(vllm_engine, W, warmup=False).failed == 0
 """
 
 
 def test_an_engine_core_killed_between_tests_fails_the_next_run_in_seconds(pytester):
     """vLLM's engine core SIGKILLed while idle (as the OOM killer would), in a pytest process of its
-    own: the next test fails with the cause, not after LLMPERF_RUN_TIMEOUT_S; the one after passes."""
+    own: the next test fails with the cause, not after LLMPERF_RUN_TIMEOUT_S, whether vLLM noticed the
+    death before the run looked or only as the run reached the core; the test after each passes."""
     pytester.makepyfile(test_k=ENGINE_KILLED)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-rA",
-                           "test_k.py"], cwd=pytester.path, capture_output=True, text=True, timeout=600)
+                           "test_k.py"], cwd=pytester.path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "COLUMNS": "400"})  # short summary lines whole
     out = proc.stdout
-    assert "2 passed" in out and "1 failed" in out, out[-4000:]
-    assert "EngineError: the vLLM engine core died (EngineDeadError) before this run" in out
+    assert "4 passed" in out and "2 failed" in out, out[-4000:]
+    for test in ("test_b_next", "test_e_next_noticed_late"):
+        assert re.search(rf"FAILED test_k.py::{test} - pytest_llmperf.engines.base.EngineError: the vLLM engine "
+                         r"core died \(EngineDeadError\) before this run", out), out[-4000:]
     seconds = float((pytester.path / "next_s").read_text())
     print(f"killed while idle: the next run failed after {seconds:.2f} s")
     assert seconds < 30

@@ -438,12 +438,17 @@ class VLLMEngine(Engine):
         if not self.alive:
             raise EngineError("this vLLM engine was shut down; ask the fixture for it again")
         if self._dead():  # killed while idle (the OOM killer, a GPU fault): nothing would ever answer
-            self.alive = False
-            raise EngineError("the vLLM engine core died (EngineDeadError) before this run; its log above names the "
-                              "cause (often the OOM killer or a GPU fault); the engine is restarted for the next test")
+            self._died_before_run(None)
         self.check_fits(workload)
         self._runs += 1
-        self._call(self._reset_prefix_cache())
+        try:
+            self._call(self._reset_prefix_cache())
+        except Exception as exc:
+            # vLLM's monitor may notice a core killed while idle only after the check above, as this
+            # first call reaches it: the same fault, named the same way
+            if type(exc).__name__ == "EngineDeadError" or self._dead():
+                self._died_before_run(exc)
+            raise
         if self._clock is not None:
             self._clock.forget()
         start, sequences = self._call(self._drive(workload, salt, self._runs))
@@ -463,6 +468,12 @@ class VLLMEngine(Engine):
             extra["recorder_s"] = recorder_s  # the recorder's own time in the engine core this run
         return RunTrace("vllm", tuple(sequences), start, end, kv, kv_measures=KV_MEASURES if kv else frozenset(),
                         extra=extra)
+
+    def _died_before_run(self, cause: BaseException | None) -> typing.NoReturn:
+        self.alive = False
+        raise EngineError("the vLLM engine core died (EngineDeadError) before this run; its log above names the "
+                          "cause (often the OOM killer or a GPU fault); the engine is restarted for the next test"
+                          ) from cause
 
     async def _reset_prefix_cache(self) -> None:
         reset = getattr(self._llm, "reset_prefix_cache", None)
