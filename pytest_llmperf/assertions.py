@@ -253,7 +253,10 @@ def _for_hardware(value: Any, hardware: str | None, classes: Collection[str]) ->
 
 
 def _under_for_hardware(under: Any, hardware: str | None, classes: Collection[str]) -> Any:
-    """`under` is itself a mapping (metric -> limit); each of its limits may be per hardware."""
+    """`under` is itself a mapping (metric -> limit): each of its limits may be per hardware, or the whole
+    mapping may be ({"h200": {"p99_ttft_ms": 250}, "default": {...}}); no latency metric is named like a class."""
+    if isinstance(under, Mapping) and any(k == "default" or k == hardware or k in classes for k in under):
+        under = _for_hardware(under, hardware, classes)
     if not isinstance(under, Mapping):
         return under
     return {k: _for_hardware(v, hardware, classes) for k, v in under.items()}

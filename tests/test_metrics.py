@@ -86,6 +86,21 @@ def test_a_limit_on_a_metric_the_engine_missed_this_run_says_why():
         assertions.check(limit, [summarize([missed], "h", 1)])
 
 
+def test_a_capacity_limit_s_under_may_be_given_per_hardware_whole_or_per_metric():
+    from pytest_llmperf import assertions
+    from pytest_llmperf.assertions import MarkerError
+
+    classes = ("cpu", "h200")
+    whole = {"h200": {"p99_ttft_ms": 250}, "default": {"p99_ttft_ms": 2000}}
+    per_metric = {"p99_ttft_ms": {"h200": 250, "default": 2000}}
+    for under in (whole, per_metric):
+        for hardware, bound in (("h200", 250.0), ("cpu", 2000.0)):
+            (limit,) = assertions.parse("min_capacity", (), {"concurrency": 4, "under": under}, hardware, classes)
+            assert limit.under == (("p99_ttft_ms", bound),)
+    with pytest.raises(MarkerError, match="has no value for hardware class 'cpu' and no 'default' key"):
+        assertions.parse("min_capacity", (), {"concurrency": 4, "under": {"h200": {"p99_ttft_ms": 250}}}, "cpu", classes)
+
+
 def test_repeats_pool_percentiles_and_take_median_throughput():
     fast = RunTrace("fake", (seq(0, 0.0, [0.1, 0.2]),), 0.0, 0.2)
     slow = RunTrace("fake", (seq(0, 0.0, [0.3, 0.4]),), 0.0, 0.4)
