@@ -480,8 +480,7 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
         return row("not-gated", too_few)
     if higher_better and tol >= 1:
         # a fall is at most 100%: an allowance that large passes anything, so the row must not read "ok"
-        return row("not-gated", f"{UNFAILABLE}: allowed {tol:.0%} and a fall is at most 100% (its passes, starts or "
-                                "tolerance spread that wide); quieten the runner or lower its tolerance to gate it")
+        return row("not-gated", f"{UNFAILABLE}: allowed {tol:.0%} and a fall is at most 100% ({_too_wide(calibrated)})")
     if c == b or change <= tol:
         return row("ok")
     if exact:
@@ -501,6 +500,14 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
 
 
 UNFAILABLE = "not gated: it could not fail"
+
+
+def _too_wide(calibrated: str) -> str:
+    """Where an allowance of 100% or more came from, and what to do to gate the metric again."""
+    if calibrated:
+        return ("its calibration: unchanged runs landed that far apart; calibrate again from runs on quiet runners "
+                "(python -m pytest_llmperf calibrate)")
+    return "its passes, starts or tolerance spread that wide; quieten the runner or lower its tolerance to gate it"
 
 
 def _too_few_samples(old: Entry, cur: Entry, metric: str) -> str:
