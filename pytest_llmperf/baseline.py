@@ -478,8 +478,9 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
     too_few = _too_few_samples(old, cur, metric)
     if too_few:
         return row("not-gated", too_few)
-    if higher_better and tol >= 1:
+    if higher_better and tol >= 1 and (worse or change <= tol):
         # a fall is at most 100%: an allowance that large passes anything, so the row must not read "ok"
+        # (a rise beyond it is still an improvement)
         return row("not-gated", f"{UNFAILABLE}: allowed {tol:.0%} and a fall is at most 100% ({_too_wide(calibrated)})")
     if c == b or change <= tol:
         return row("ok")
