@@ -213,7 +213,6 @@ def test_a_server_that_refuses_token_ids_gets_text_and_one_without_usage_is_coun
 # -- a real vllm serve ---------------------------------------------------------------------------
 # a median /metrics answer slower than this: the server was starved of CPU during the run (answers take
 # 6-13 ms on this 2-core runner, 19-53 ms beside two other engines, 2026-12-05)
-STARVED_ANSWER_MS = 100.0
 
 @pytest.fixture(scope="module")
 def served(llmperf_session, tmp_path_factory):
@@ -246,9 +245,12 @@ def test_streams_from_a_real_vllm_server_with_exact_token_counts(served, openai_
     during, answer_ms = trace.extra["metrics_scrapes_during_run"], trace.extra["metrics_answer_ms"]
     print(f"/metrics scrapes answered during the run: {during}, in {answer_ms} ms (median)")
     if during == 0:  # a server starved of CPU for the whole run (2 of 30 runs beside another vllm serve,
-        # 2026-12-05): then usage is unmeasured, said so, and only then (the next test is about that)
-        assert answer_ms is None or answer_ms > STARVED_ANSWER_MS, answer_ms
+        # 2026-12-05), or its engine core starved while its API server answered in 12 ms (a fresh clone's `make
+        # test`, 2026-12-06): the gauges lag the engine. Usage is then unmeasured and says how the scrapes were
+        # answered; the next test asks that usage be measured run after run
+        answered = "no scrape sent" if answer_ms is None else f"the server answered them in {answer_ms:.0f} ms"
         assert "no /metrics scrape saw a request in flight" in trace.unmeasured["usage"]
+        assert answered in trace.unmeasured["usage"]
     else:
         assert "usage" in trace.kv_measures and max(k.blocks_used for k in trace.kv) > 0
     assert r.kv.preemptions == 0 and r.kv.prefix_hit_rate is not None
@@ -264,7 +266,7 @@ def test_streams_from_a_real_vllm_server_with_exact_token_counts(served, openai_
         assert s.cached_tokens is not None and 0 <= s.cached_tokens <= s.prompt_len  # usage.prompt_tokens_details
 
 
-def test_kv_usage_of_a_short_poisson_run_is_measured_whenever_the_server_answers_in_time(served, openai_engine_factory):
+def test_kv_usage_of_a_short_poisson_run_is_measured_run_after_run(served, openai_engine_factory):
     """A real `vllm serve`: 24 Poisson requests (about 2 s) left KV usage unmeasured in 4 of 8 runs while
     vLLM pinned its worker to one of the two cores and kept the other for its engine core: the API server
     answered /metrics only between bursts of work. The fixture's server runs unpinned on a CPU build
@@ -273,9 +275,10 @@ def test_kv_usage_of_a_short_poisson_run_is_measured_whenever_the_server_answers
     Beside another pytest-xdist worker's engine on the same 2 cores, the API server can still be starved
     for seconds: it answered the scrapes of a run 0.22-0.41 s late (median) and its running-requests gauge
     read 0 throughout (3 of 20 runs beside `tests/test_vllm_engine.py`, 2026-12-05; 3 of 5 in a full
-    `make test` the same day, answered 0.5-2 s late). Such a run must say that usage went unmeasured, and
-    why (`metrics_answer_ms`); every run answered in time must measure it, and three must, in at most
-    twelve runs."""
+    `make test` the same day, answered 0.5-2 s late); once its engine core was starved while the API server
+    answered in 12 ms (a fresh clone's `make test`, 2026-12-06), so a prompt answer does not promise a set
+    gauge. Such a run must say that usage went unmeasured, and how the scrapes were answered
+    (`metrics_answer_ms`); three runs in at most twelve must measure it."""
     import vllm
 
     from pytest_llmperf.engines.vllm import _is_cpu_build
@@ -292,10 +295,11 @@ def test_kv_usage_of_a_short_poisson_run_is_measured_whenever_the_server_answers
         trace = engine.run(short, salt=salt)
         during, answer_ms = trace.extra["metrics_scrapes_during_run"], trace.extra["metrics_answer_ms"]
         print(f"run {salt}: {during} scrapes saw requests in flight, answered in {answer_ms} ms (median)")
-        if during == 0:  # unmeasured: said so, and only where the server answered late (or never)
-            late = answer_ms is None or answer_ms > STARVED_ANSWER_MS
-            assert "usage" not in trace.kv_measures and late, (salt, answer_ms)
+        if during == 0:  # unmeasured: said so, with how the server answered (late, or never, as a rule)
+            answered = "no scrape sent" if answer_ms is None else f"the server answered them in {answer_ms:.0f} ms"
+            assert "usage" not in trace.kv_measures, salt
             assert "no /metrics scrape saw a request in flight" in trace.unmeasured["usage"]
+            assert answered in trace.unmeasured["usage"], salt
             continue
         assert trace.unmeasured == {}, salt
         assert "usage" in trace.kv_measures and max(k.blocks_used for k in trace.kv) > 0, salt
