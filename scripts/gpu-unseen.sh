@@ -5,7 +5,9 @@
 # `require` in fresh processes (LABEL1, LABEL2, ...) while one still fits in TOTAL_S seconds
 # (scripts/gpu-gate-runs.sh). The pytest options go to the compares only: a change the gate must flag
 # (a slowed engine, other scheduler limits) is given there, never recorded. REUSE_BASE=1 keeps the
-# baselines an earlier call recorded on this warm machine. Brings back the recording's log and
+# baselines an earlier call recorded on this warm machine. RECORD_S: the recording's limit (default 400 s, enough
+# with a compile cache carried; a fresh H100 without one needed more than 460 s); KEEP_CACHE=1 packs the compile
+# cache after it (scripts/gpu-gate.sh). Brings back the recording's log and
 # results.json, the baselines ($OUT/unseen-base.tgz) and the compares' kept results ($OUT/runs.tgz).
 set -o pipefail
 label=$1 total=$2
@@ -17,12 +19,14 @@ if [ "${REUSE_BASE:-0}" = 1 ] && [ -d /tmp/unseen-base ]; then
   echo "the baselines recorded earlier on this machine: $(find /tmp/unseen-base -name '*.json' | wc -l) files"
 else
   rm -rf /tmp/unseen-base  # a warm machine keeps /tmp: no baseline of an earlier call may mix in
-  BUDGET_S=$(( total < 400 ? total : 400 )) scripts/gpu-gate.sh update "${label}0" --llmperf-baseline-dir=/tmp/unseen-base
+  cap=${RECORD_S:-400}
+  BUDGET_S=$(( total < cap ? total : cap )) scripts/gpu-gate.sh update "${label}0" --llmperf-baseline-dir=/tmp/unseen-base
   rc=$?
+  # what was recorded comes back even from a stopped recording (an update writes a file only when whole)
+  [ -d /tmp/unseen-base ] && tar czf "$OUT/unseen-base.tgz" -C /tmp unseen-base
   if [ "$rc" -gt 1 ] || [ ! -f "$OUT/${label}0/results.json" ]; then
     echo "the recording did not finish (rc=$rc): no compare runs"; exit 1  # rc 1: a test failed, its baselines are still written
   fi
-  tar czf "$OUT/unseen-base.tgz" -C /tmp unseen-base
   rm -f "$OUT/${label}0/summary.md" "$OUT"/baselines-*.tgz  # the shipped baselines, unchanged: not needed back
   grep -h "^time to verdict" "$OUT/${label}0.log"
 fi
