@@ -16,7 +16,7 @@ from typing import Any
 from . import quantiles
 from .formatting import number
 from .metrics import PerfResult, SequenceMetrics
-from .sweep import Sweep, throughput_per_gib, unknown_latency_metrics
+from .sweep import LATENCY_METRIC_NAMES, Sweep, throughput_per_gib, unknown_latency_metrics
 
 
 class MarkerError(Exception):
@@ -254,8 +254,10 @@ def _for_hardware(value: Any, hardware: str | None, classes: Collection[str]) ->
 
 def _under_for_hardware(under: Any, hardware: str | None, classes: Collection[str]) -> Any:
     """`under` is itself a mapping (metric -> limit): each of its limits may be per hardware, or the whole
-    mapping may be ({"h200": {"p99_ttft_ms": 250}, "default": {...}}); no latency metric is named like a class."""
-    if isinstance(under, Mapping) and any(k == "default" or k == hardware or k in classes for k in under):
+    mapping may be ({"h200": {"p99_ttft_ms": 250}, "default": {...}}): whole when it names no latency metric
+    and maps each key to a mapping, so a mistyped class is named as one."""
+    if (isinstance(under, Mapping) and under and all(isinstance(v, Mapping) for v in under.values())
+            and not any(k in LATENCY_METRIC_NAMES for k in under)):
         under = _for_hardware(under, hardware, classes)
     if not isinstance(under, Mapping):
         return under

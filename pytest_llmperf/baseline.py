@@ -481,7 +481,8 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
     if higher_better and tol >= 1 and (worse or change <= tol):
         # a fall is at most 100%: an allowance that large passes anything, so the row must not read "ok"
         # (a rise beyond it is still an improvement)
-        return row("not-gated", f"{UNFAILABLE}: allowed {tol:.0%} and a fall is at most 100% ({_too_wide(calibrated)})")
+        return row("not-gated", f"{UNFAILABLE}: allowed {tol:.0%} and a fall is at most 100% "
+                                f"({_too_wide(calibrated, tolerances.get(metric, default) >= 1)})")
     if c == b or change <= tol:
         return row("ok")
     if exact:
@@ -503,12 +504,15 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
 UNFAILABLE = "not gated: it could not fail"
 
 
-def _too_wide(calibrated: str) -> str:
+def _too_wide(calibrated: str, tolerance_too_wide: bool) -> str:
     """Where an allowance of 100% or more came from, and what to do to gate the metric again."""
     if calibrated:
         return ("its calibration: unchanged runs landed that far apart; calibrate again from runs on quiet runners "
                 "(python -m pytest_llmperf calibrate)")
-    return "its passes, starts or tolerance spread that wide; quieten the runner or lower its tolerance to gate it"
+    if tolerance_too_wide:
+        return "its tolerance; give this metric one below 1 (e.g. output_tokens_per_s=0.65) to gate it"
+    return ("its passes or engine starts spread that wide; record the baseline again on a quiet runner, or quieten "
+            "the runner, to gate it")
 
 
 def _too_few_samples(old: Entry, cur: Entry, metric: str) -> str:

@@ -5,7 +5,7 @@
 # `require` in fresh processes (LABEL1, LABEL2, ...) while one still fits in TOTAL_S seconds
 # (scripts/gpu-gate-runs.sh). The pytest options go to the compares only: a change the gate must flag
 # (a slowed engine, other scheduler limits) is given there, never recorded. REUSE_BASE=1 keeps the
-# baselines an earlier call recorded on this warm machine. RECORD_S: the recording's limit (default 400 s, enough
+# baselines an earlier call recorded whole on this warm machine. RECORD_S: the recording's limit (default 400 s, enough
 # with a compile cache carried; a fresh H100 without one needed more than 460 s); KEEP_CACHE=1 packs the compile
 # cache after it (scripts/gpu-gate.sh). Brings back the recording's log and
 # results.json, the baselines ($OUT/unseen-base.tgz) and the compares' kept results ($OUT/runs.tgz).
@@ -15,7 +15,7 @@ shift 2
 start=$(date +%s)
 export GATE_TESTS=benchmarks/unseen_suite KEEP_TESTS=benchmarks/unseen_suite/test_unseen.py
 nvidia-smi -L
-if [ "${REUSE_BASE:-0}" = 1 ] && [ -d /tmp/unseen-base ]; then
+if [ "${REUSE_BASE:-0}" = 1 ] && [ -f /tmp/unseen-base/.complete ]; then
   echo "the baselines recorded earlier on this machine: $(find /tmp/unseen-base -name '*.json' | wc -l) files"
 else
   rm -rf /tmp/unseen-base  # a warm machine keeps /tmp: no baseline of an earlier call may mix in
@@ -27,8 +27,9 @@ else
   if [ "$rc" -gt 1 ] || [ ! -f "$OUT/${label}0/results.json" ]; then
     echo "the recording did not finish (rc=$rc): no compare runs"; exit 1  # rc 1: a test failed, its baselines are still written
   fi
+  touch /tmp/unseen-base/.complete  # REUSE_BASE takes only a recording that finished
   rm -f "$OUT/${label}0/summary.md" "$OUT"/baselines-*.tgz  # the shipped baselines, unchanged: not needed back
   grep -h "^time to verdict" "$OUT/${label}0.log"
 fi
-scripts/gpu-gate-runs.sh "$label" $(( total - ($(date +%s) - start) )) --llmperf-baseline-dir=/tmp/unseen-base "$@"
+KEEP_CACHE=0 FIRST_RUN_S= scripts/gpu-gate-runs.sh "$label" $(( total - ($(date +%s) - start) )) --llmperf-baseline-dir=/tmp/unseen-base "$@"
 cat "$OUT/kept/time_to_verdict.txt" 2>/dev/null || tar xzOf "$OUT/runs.tgz" kept/time_to_verdict.txt 2>/dev/null

@@ -99,6 +99,8 @@ def test_a_capacity_limit_s_under_may_be_given_per_hardware_whole_or_per_metric(
             assert limit.under == (("p99_ttft_ms", bound),)
     with pytest.raises(MarkerError, match="has no value for hardware class 'cpu' and no 'default' key"):
         assertions.parse("min_capacity", (), {"concurrency": 4, "under": {"h200": {"p99_ttft_ms": 250}}}, "cpu", classes)
+    with pytest.raises(MarkerError, match="names hardware class 'h20o', which is none of the classes known here"):
+        assertions.parse("min_capacity", (), {"concurrency": 4, "under": {"h20o": {"p99_ttft_ms": 250}}}, "cpu", classes)
 
 
 def test_repeats_pool_percentiles_and_take_median_throughput():

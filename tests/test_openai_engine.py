@@ -211,8 +211,6 @@ def test_a_server_that_refuses_token_ids_gets_text_and_one_without_usage_is_coun
 
 
 # -- a real vllm serve ---------------------------------------------------------------------------
-# a median /metrics answer slower than this: the server was starved of CPU during the run (answers take
-# 6-13 ms on this 2-core runner, 19-53 ms beside two other engines, 2026-12-05)
 
 @pytest.fixture(scope="module")
 def served(llmperf_session, tmp_path_factory):

@@ -376,8 +376,9 @@ def _usage_unseen(answer_ms: float | None) -> str:
     else:
         answered = f"the server answered them in {answer_ms:.0f} ms (median)"
     return (f"no /metrics scrape saw a request in flight ({answered}; a vLLM server starved of CPU answers "
-            "in hundreds of ms, and its usage gauge lags). Run it where it has CPU to spare, or give the test "
-            "a workload that lasts several scrape intervals (metrics_interval_s)")
+            "in hundreds of ms, and where its engine core is starved its usage gauge lags even a prompt answer). "
+            "Run it where it has CPU to spare, or give the test a workload that lasts several scrape intervals "
+            "(metrics_interval_s)")
 
 
 def _health_verdict(status: int, root: str) -> str | None:

@@ -445,9 +445,12 @@ class VLLMEngine(Engine):
             self._call(self._reset_prefix_cache())
         except Exception as exc:
             # vLLM's monitor may notice a core killed while idle only after the check above, as this
-            # first call reaches it: the same fault, named the same way
-            if type(exc).__name__ == "EngineDeadError" or self._dead():
+            # first call reaches it (its EngineDeadError, or our watch's own error): the same fault, named the
+            # same way. Anything else (pytest's Exit on SIGTERM included) goes on as it is.
+            if type(exc).__name__ == "EngineDeadError":
                 self._died_before_run(exc)
+            if isinstance(exc, EngineError) and self._dead():
+                self._died_before_run(None)
             raise
         if self._clock is not None:
             self._clock.forget()
