@@ -211,6 +211,11 @@ def test_a_server_that_refuses_token_ids_gets_text_and_one_without_usage_is_coun
 
 
 # -- a real vllm serve ---------------------------------------------------------------------------
+def assert_usage_unmeasured_says_how_scrapes_were_answered(trace):
+    answer_ms = trace.extra["metrics_answer_ms"]
+    answered = "no scrape sent" if answer_ms is None else f"the server answered them in {answer_ms:.0f} ms"
+    assert "no /metrics scrape saw a request in flight" in trace.unmeasured["usage"]
+    assert answered in trace.unmeasured["usage"]
 
 @pytest.fixture(scope="module")
 def served(llmperf_session, tmp_path_factory):
@@ -246,9 +251,7 @@ def test_streams_from_a_real_vllm_server_with_exact_token_counts(served, openai_
         # 2026-12-05), or its engine core starved while its API server answered in 12 ms (a fresh clone's `make
         # test`, 2026-12-06): the gauges lag the engine. Usage is then unmeasured and says how the scrapes were
         # answered; the next test asks that usage be measured run after run
-        answered = "no scrape sent" if answer_ms is None else f"the server answered them in {answer_ms:.0f} ms"
-        assert "no /metrics scrape saw a request in flight" in trace.unmeasured["usage"]
-        assert answered in trace.unmeasured["usage"]
+        assert_usage_unmeasured_says_how_scrapes_were_answered(trace)
     else:
         assert "usage" in trace.kv_measures and max(k.blocks_used for k in trace.kv) > 0
     assert r.kv.preemptions == 0 and r.kv.prefix_hit_rate is not None
@@ -294,10 +297,8 @@ def test_kv_usage_of_a_short_poisson_run_is_measured_run_after_run(served, opena
         during, answer_ms = trace.extra["metrics_scrapes_during_run"], trace.extra["metrics_answer_ms"]
         print(f"run {salt}: {during} scrapes saw requests in flight, answered in {answer_ms} ms (median)")
         if during == 0:  # unmeasured: said so, with how the server answered (late, or never, as a rule)
-            answered = "no scrape sent" if answer_ms is None else f"the server answered them in {answer_ms:.0f} ms"
             assert "usage" not in trace.kv_measures, salt
-            assert "no /metrics scrape saw a request in flight" in trace.unmeasured["usage"]
-            assert answered in trace.unmeasured["usage"], salt
+            assert_usage_unmeasured_says_how_scrapes_were_answered(trace)
             continue
         assert trace.unmeasured == {}, salt
         assert "usage" in trace.kv_measures and max(k.blocks_used for k in trace.kv) > 0, salt

@@ -58,12 +58,25 @@ pytestmark = pytest.mark.llmperf_engine(num_gpu_blocks_override=150, block_size=
 W = Workload.offline(4, prompt_len=32, output_len=8, seed=1)
 
 
-def kill_engine_core(vllm_engine, llmperf):
+def run_clean(vllm_engine, llmperf):
     assert llmperf.run(vllm_engine, W, warmup=False).failed == 0
+
+
+def kill_engine_core(vllm_engine, llmperf):
+    run_clean(vllm_engine, llmperf)
     victims = psutil.Process().children(recursive=True)
     for p in victims:
         p.kill()
     psutil.wait_procs(victims, timeout=10)
+
+
+def run_timed(vllm_engine, llmperf, seconds_file):
+    t = time.monotonic()
+    try:
+        llmperf.run(vllm_engine, W, warmup=False)
+    finally:
+        with open(seconds_file, "w") as f:
+            f.write(str(time.monotonic() - t))
 
 
 def test_a_kill_while_idle(vllm_engine, llmperf):
@@ -71,16 +84,11 @@ def test_a_kill_while_idle(vllm_engine, llmperf):
 
 
 def test_b_next(vllm_engine, llmperf):
-    t = time.monotonic()
-    try:
-        llmperf.run(vllm_engine, W, warmup=False)
-    finally:
-        with open("next_s", "w") as f:
-            f.write(str(time.monotonic() - t))
+    run_timed(vllm_engine, llmperf, "next_s")
 
 
 def test_c_after(vllm_engine, llmperf):
-    assert llmperf.run(vllm_engine, W, warmup=False).failed == 0
+    run_clean(vllm_engine, llmperf)
 
 
 def test_d_kill_again(vllm_engine, llmperf):
@@ -91,16 +99,11 @@ def test_e_next_noticed_late(vllm_engine, llmperf, monkeypatch):
     # vLLM's monitor thread may notice the dead core only after the run's first look: force that order
     looks = iter([False])
     monkeypatch.setattr(type(vllm_engine), "_dead", lambda self: next(looks, bool(self._llm.errored)))
-    t = time.monotonic()
-    try:
-        llmperf.run(vllm_engine, W, warmup=False)
-    finally:
-        with open("late_s", "w") as f:
-            f.write(str(time.monotonic() - t))
+    run_timed(vllm_engine, llmperf, "late_s")
 
 
 def test_f_after(vllm_engine, llmperf):
-    assert llmperf.run(vllm_engine, W, warmup=False).failed == 0
+    run_clean(vllm_engine, llmperf)
 """
 
 
