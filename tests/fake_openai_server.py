@@ -47,6 +47,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         fault = self.server.faults.get(len(body["prompt"]), "ok")
         self.server.auth.append(self.headers.get("Authorization"))
+        if fault == "drop" or (fault == "drop once" and len(body["prompt"]) not in self.server.dropped):
+            self.server.dropped.add(len(body["prompt"]))  # closed, no answer: as a keep-alive connection
+            self.close_connection = True  # the server closed as it was reused looks to the client
+            return
         if fault == "500":
             self.send_error(500, "boom")
             return
@@ -80,7 +84,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class FakeServer:
-    """`faults` maps a prompt length to "500", "cut", "slow" or "empty"; every other request succeeds. `/health`
+    """`faults` maps a prompt length to "500", "cut", "slow", "empty", "drop" (the connection closed before any
+    answer) or "drop once" (so the first time only); every other request succeeds. `/health`
     answers 404 (a server without one) until `health` is set to a status."""
 
     def __init__(self, faults: dict[int, str]):
@@ -91,6 +96,7 @@ class FakeServer:
         self.httpd.dropped_health = 0  # this many /health requests after the first get no answer at all
         self.httpd.health_calls = 0
         self.httpd.auth = []
+        self.httpd.dropped = set()  # prompt lengths whose request was closed without an answer
         self.httpd.pages = {}  # path -> body of a GET answered with 200
         self.httpd.refuse_token_ids = False  # answer token-id prompts with HTTP 422, as TGI does
         self.httpd.bare = False  # stream text only: no token ids, no usage

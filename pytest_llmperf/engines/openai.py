@@ -280,14 +280,14 @@ class OpenAIEngine(Engine):
             tasks = [asyncio.create_task(self._one(client, workload, i, salt, schedule, down, scraper.poke))
                      for i in range(len(workload.requests))]
             await _until_done_or_down(tasks, down)
-            results = [t.result() for t in tasks]
+            results = [t.result() for t in tasks]  # (its sequences, whether it was sent again) per request
             end = time.perf_counter()
             scraping.cancel()
             watching.cancel()
             await scraper.stop()
             if not down.is_set():
                 await scraper.scrape()
-        sequences = tuple(s for seqs in results for s in seqs)
+        sequences = tuple(s for seqs, _ in results for s in seqs)
         kv = scraper.samples()
         during = scraper.scrapes_within(start, end)
         # a busy server can answer every scrape only after the run, when its usage gauge reads 0 again:
@@ -298,7 +298,8 @@ class OpenAIEngine(Engine):
         trace = RunTrace("openai", sequences, start, end, kv, kv_measures=measures - set(unmeasured),
                          extra={"server_version": self.version, "metrics_scrapes_during_run": during,
                                 "metrics_answer_ms": answer_ms,
-                                "metrics_dialect": scraper.family, **scraper.server_tokens()},
+                                "metrics_dialect": scraper.family, **scraper.server_tokens(),
+                                "requests_sent_again": sum(again for _, again in results)},
                          unmeasured=unmeasured)
         return trace, (found[0] if found else None)
 
@@ -319,7 +320,7 @@ class OpenAIEngine(Engine):
         return body
 
     async def _one(self, client: Any, workload: Workload, i: int, salt: int, schedule: Schedule,
-                   down: asyncio.Event, on_first_token: Callable[[], None]) -> list[SequenceTrace]:
+                   down: asyncio.Event, on_first_token: Callable[[], None]) -> tuple[list[SequenceTrace], bool]:
         req = workload.requests[i]
         stream = _Stream(req.n)
         submit = time.perf_counter()
@@ -343,29 +344,60 @@ class OpenAIEngine(Engine):
         chunks = [tuple(stream.chunks_of(k, count)) for k in range(req.n)]
         return [SequenceTrace(i, k, prompt_len, req.output_len, submit, chunks[k],
                               stream.error or (None if chunks[k] else stream.empty_reason(k)), **own)
-                for k in range(req.n)]
+                for k in range(req.n)], stream.sent_again
 
     async def _stream(self, client: Any, workload: Workload, i: int, salt: int, stream: _Stream,
                       on_first_token: Callable[[], None]) -> None:
+        """Sends request i and reads its stream. A request whose connection failed before the server answered
+        is sent once more, on a connection of its own: a pooled keep-alive connection the server closed as it
+        was reused fails that way (httpx's ReadError; uvicorn closes idle ones after 5 s) though the server
+        never read the request (1 request in a fresh clone's `make test` beside another vLLM, 2026-12-06). Its
+        TTFT still counts from the first send; the trace counts such requests (`requests_sent_again`)."""
         try:
-            async with client.stream("POST", self._url(), json=self._payload(workload, i, salt)) as r:
-                if r.status_code >= 400:
-                    body = " ".join((await r.aread()).decode(errors="replace").split())[:200]
-                    stream.error = f"HTTP {r.status_code}: {body}"
-                else:
-                    async for line in r.aiter_lines():
-                        seen = stream.chunks_seen
-                        stream.feed(line, time.perf_counter())
-                        if seen == 0 and stream.chunks_seen:
-                            on_first_token()
-                    if not stream.done:
-                        stream.error = f"stream cut after {stream.chunks_seen} chunks (no [DONE])"
+            try:
+                await self._send(client, workload, i, salt, stream, on_first_token)
+            except _Unanswered as first:
+                stream.sent_again = True
+                async with self._httpx.AsyncClient(headers=self._headers(), timeout=client.timeout) as own:
+                    try:
+                        await self._send(own, workload, i, salt, stream, on_first_token)
+                    except _Unanswered as again:
+                        e = again.__cause__
+                        stream.error = (f"{type(e).__name__} before any answer, twice (first: "
+                                        f"{type(first.__cause__).__name__}: {first.__cause__}): {e}")
         except self._httpx.TimeoutException:
             stream.error = f"timed out after {self._cfg['request_timeout_s']:.0f}s (request_timeout_s)"
         except self._httpx.ConnectError as e:
             stream.error = f"connection refused: {e}"
         except self._httpx.HTTPError as e:
-            stream.error = f"{type(e).__name__}: {e}"
+            stream.error = f"{type(e).__name__} after {stream.chunks_seen} chunks: {e}"
+
+    async def _send(self, client: Any, workload: Workload, i: int, salt: int, stream: _Stream,
+                    on_first_token: Callable[[], None]) -> None:
+        """One try of request i; a connection that fails before the status line raises _Unanswered."""
+        answered = False
+        try:
+            async with client.stream("POST", self._url(), json=self._payload(workload, i, salt)) as r:
+                answered = True
+                if r.status_code >= 400:
+                    body = " ".join((await r.aread()).decode(errors="replace").split())[:200]
+                    stream.error = f"HTTP {r.status_code}: {body}"
+                    return
+                async for line in r.aiter_lines():
+                    seen = stream.chunks_seen
+                    stream.feed(line, time.perf_counter())
+                    if seen == 0 and stream.chunks_seen:
+                        on_first_token()
+                if not stream.done:
+                    stream.error = f"stream cut after {stream.chunks_seen} chunks (no [DONE])"
+        except (self._httpx.ReadError, self._httpx.WriteError, self._httpx.RemoteProtocolError) as e:
+            if answered:
+                raise
+            raise _Unanswered from e
+
+
+class _Unanswered(Exception):
+    """A request's connection failed before the server sent a status line (its cause is httpx's error)."""
 
 
 def _usage_unseen(answer_ms: float | None) -> str:
@@ -432,6 +464,7 @@ class _Stream:
         self.cached_tokens: int | None = None  # usage.prompt_tokens_details (vllm serve --enable-prompt-tokens-details)
         self.server_times: ServerTimes | None = None  # the last chunk's `metrics` (--enable-per-request-metrics)
         self.finish: dict[int, str] = {}  # per choice, the finish_reason the server gave
+        self.sent_again = False  # its first connection failed before an answer
 
     def feed(self, line: str, t: float) -> None:
         if not line.startswith("data:"):
