@@ -126,6 +126,15 @@ def parse_tolerance(text: str) -> tuple[float, dict[str, float]]:
     return default, per_metric
 
 
+def unfailable(default: float, per_metric: Mapping[str, float]) -> dict[str, float]:
+    """The higher-is-better metrics a tolerance of 1 or more leaves unable to fail (a rate falls at most
+    100%), with that tolerance: those it gates by default and those given one by name (paging takes none
+    unless named: exact, or reported)."""
+    given = {m: per_metric.get(m, default) for m, higher in COMPARED.items()
+             if higher and ((m in GATED_BY_DEFAULT and m not in PAGING) or m in per_metric)}
+    return {m: t for m, t in given.items() if t >= 1}
+
+
 class BaselineError(Exception):
     """A baseline file that cannot be used; never silently replaced."""
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from . import gating, soak
-from .baseline import PAGING_MODES, parse_tolerance
+from .baseline import PAGING_MODES, parse_tolerance, unfailable
 from .engines import registry
 from .engines.base import EnginePool, default_engine
 from .gpu import KNOWN_CLASSES
@@ -140,6 +140,7 @@ def session(config: pytest.Config, hardware: str, engines: dict[str, str]) -> Se
         tolerance, tolerances = parse_tolerance(value(config, "tolerance"))
     except ValueError as e:
         raise pytest.UsageError(f"--llmperf-tolerance/llmperf_tolerance: {e}") from None
+    _warn_unfailable(config, unfailable(tolerance, tolerances))
     retries = _retries(config)
     gpus_per_worker(config)  # a bad value is a usage error now, not when the first test claims its GPUs
     engine_name = value(config, "engine") or default_engine()
@@ -166,6 +167,16 @@ def session(config: pytest.Config, hardware: str, engines: dict[str, str]) -> Se
         engine_settings={"openai": openai} if openai else {},
         server_options=engine_config(value(config, "server-config"), "server-config"),
     )
+
+
+def _warn_unfailable(config: pytest.Config, metrics: dict[str, float]) -> None:
+    """A tolerance that lets a rate fall 100% or more passes any fall: said now, not only in each row."""
+    if metrics:
+        given = ", ".join(f"{m} {t:g}" for m, t in metrics.items())
+        config.issue_config_time_warning(pytest.PytestConfigWarning(
+            f"llmperf: --llmperf-tolerance/llmperf_tolerance gives {given}: a rate falls at most 100%, so these "
+            f"rows can never fail a test; give each one below 1 to gate it (e.g. {next(iter(metrics))}=0.65)"),
+            stacklevel=2)
 
 
 def engine_config(text: str, option: str = "engine-config") -> dict[str, Any]:

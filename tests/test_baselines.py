@@ -148,6 +148,10 @@ def test_the_tolerance_option_takes_a_default_and_fractions_per_metric():
     assert baseline.parse_tolerance(" 0.2, output_tokens_per_s=0.05,ttft_p99=0.3") == (
         0.2, {"output_tokens_per_s": 0.05, "p99_ttft_ms": 0.3})
     assert baseline.parse_tolerance("requests_per_s=0") == (baseline.DEFAULT_TOLERANCE, {"requests_per_s": 0.0})
+    # a rate falls at most 100%: a tolerance of 1 or more lets it never fail (a warning at configure names them)
+    assert baseline.unfailable(0.1, {}) == {}
+    assert baseline.unfailable(1.5, {"output_tokens_per_s": 0.65}) == {"requests_per_s": 1.5, "capacity": 1.5}
+    assert baseline.unfailable(0.1, {"kv_prefix_hit_rate": 1.0, "p99_ttft_ms": 3}) == {"kv_prefix_hit_rate": 1.0}
     for bad, says in [("ten", "give a fraction >= 0"), ("0.1,tokens=0.05", "unknown metric 'tokens'"),
                       ("p99_ttft_ms=-1", "give a fraction >= 0"), ("nan", "give a fraction >= 0")]:
         with pytest.raises(ValueError, match=says):
@@ -670,8 +674,10 @@ def test_update_records_a_test_that_used_two_engines(pytester):
     result.stdout.fnmatch_lines(["*engines started: 4;*"])
     # both results compared; the timing of six tiny requests is not what this judges (it moved by more
     # than 10% when other tests shared the two cores)
-    pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-baseline=require",
-                                 "--llmperf-tolerance=100").assert_outcomes(passed=1)
+    loose = pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-baseline=require", "--llmperf-tolerance=100")
+    loose.assert_outcomes(passed=1)
+    loose.stdout.fnmatch_lines(["*PytestConfigWarning: llmperf: --llmperf-tolerance/llmperf_tolerance gives "
+                                "output_tokens_per_s 100, requests_per_s 100, capacity 100: a rate falls at most 100%*"])
 
 
 def test_a_run_whose_engine_died_is_kept_partial_and_never_becomes_a_baseline(tmp_path):

@@ -83,12 +83,19 @@ def test_arrivals_and_closed_loop_are_honoured(vllm_engine, llmperf):
 @pytest.mark.llmperf_engine(**BASE)
 def test_an_open_loop_rate_far_above_what_the_engine_sustains_is_not_a_valid_measurement(vllm_engine, llmperf):
     # measured on this CPU (2026-12-04): 96 such requests at 20/s ran with a flat TTFT (rank correlation
-    # 0.16), at 40/s and above TTFT rose from ~40 ms to over a second (0.97-0.99)
-    kept_up = llmperf.run(vllm_engine, Workload.poisson(qps=8, n=48, prompt_len=(16, 256), output_len=(16, 64), seed=3))
+    # 0.16), at 40/s and above TTFT rose from ~40 ms to over a second (0.97-0.99). Beside the other xdist
+    # worker's `vllm serve` the engine can be starved so far that even 8/s saturates it (117 tok/s against
+    # its 3,500, TTFT 12 -> 399 ms: a fresh clone's `make test`, 2026-12-06), and is rightly said so: the
+    # sustainable rate must be found valid once in three tries, every other try said saturated
+    saturated = "the engine saturated under this open-loop load: median TTFT rose from"
+    sustainable = Workload.poisson(qps=8, n=48, prompt_len=(16, 256), output_len=(16, 64), seed=3)
+    tries = []
+    while len(tries) < 3 and (not tries or tries[-1]):
+        tries.append(llmperf.run(vllm_engine, sustainable, warmup=not tries).invalid)
     flooded = llmperf.run(vllm_engine, Workload.poisson(qps=400, n=96, prompt_len=(16, 256), output_len=(16, 64),
                                                          seed=3), warmup=False)
-    assert kept_up.invalid == "", kept_up.invalid
-    assert flooded.invalid.startswith("the engine saturated under this open-loop load: median TTFT rose from"), flooded.invalid
+    assert tries[-1] == "" and all(t.startswith(saturated) for t in tries[:-1]), tries
+    assert flooded.invalid.startswith(saturated), flooded.invalid
     llmperf.results.clear()  # the invalid result was the point here
 
 
