@@ -130,9 +130,9 @@ def unfailable(default: float, per_metric: Mapping[str, float]) -> dict[str, flo
     """The higher-is-better metrics a tolerance of 1 or more leaves unable to fail (a rate falls at most
     100%), with that tolerance: those it gates by default and those given one by name (paging takes none
     unless named: exact, or reported)."""
-    given = {m: per_metric.get(m, default) for m, higher in COMPARED.items()
-             if higher and ((m in GATED_BY_DEFAULT and m not in PAGING) or m in per_metric)}
-    return {m: t for m, t in given.items() if t >= 1}
+    rates = (m for m, higher in COMPARED.items()
+             if higher and ((m in GATED_BY_DEFAULT and m not in PAGING) or m in per_metric))
+    return {m: per_metric.get(m, default) for m in rates if per_metric.get(m, default) >= 1}
 
 
 class BaselineError(Exception):
@@ -458,7 +458,8 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
     asked = metric in tolerances
     gated_paging = metric in PAGING and not asked
     exact = gated_paging and deterministic
-    tol = 0.0 if exact else tolerances.get(metric, default)
+    given = tolerances.get(metric, default)
+    tol = 0.0 if exact else given
     calibrated = ""
     if not exact:
         # never tighter than the noise: the spread of this run's repeats, the uncertainty of a
@@ -491,7 +492,7 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
         # a fall is at most 100%: an allowance that large passes anything, so the row must not read "ok"
         # (a rise beyond it is still an improvement)
         return row("not-gated", f"{UNFAILABLE}: allowed {tol:.0%} and a fall is at most 100% "
-                                f"({_too_wide(calibrated, tolerances.get(metric, default) >= 1)})")
+                                f"({_too_wide(calibrated, given >= 1)})")
     if c == b or change <= tol:
         return row("ok")
     if exact:

@@ -235,6 +235,7 @@ def assert_usage_unmeasured_says_how_scrapes_were_answered(trace):
     assert "no /metrics scrape saw a request in flight" in trace.unmeasured["usage"]
     assert answered in trace.unmeasured["usage"]
 
+
 @pytest.fixture(scope="module")
 def served(llmperf_session, tmp_path_factory):
     """`vllm serve` as the vllm_server fixture starts it (the session's model and server options), but with

@@ -258,7 +258,7 @@ class OpenAIEngine(Engine):
             raise
         except self._httpx.HTTPError as first:
             try:
-                async with self._httpx.AsyncClient(headers=self._headers(), timeout=HEALTH_TIMEOUT_S) as fresh:
+                async with self._own_client(HEALTH_TIMEOUT_S) as fresh:
                     return (await fresh.get(url)).status_code
             except self._httpx.HTTPError as again:
                 raise again from first
@@ -355,17 +355,14 @@ class OpenAIEngine(Engine):
         requests to a real vllm serve (2026-12-06). Its TTFT still counts from the first send; the trace
         counts such requests (`requests_sent_again`)."""
         try:
-            try:
-                await self._send(client, workload, i, salt, stream, on_first_token)
-            except _Unanswered as first:
+            first = await self._send(client, workload, i, salt, stream, on_first_token)
+            if first is not None:
                 stream.sent_again = True
-                async with self._httpx.AsyncClient(headers=self._headers(), timeout=client.timeout) as own:
-                    try:
-                        await self._send(own, workload, i, salt, stream, on_first_token)
-                    except _Unanswered as again:
-                        e = again.__cause__
-                        stream.error = (f"{type(e).__name__} before any answer, twice (first: "
-                                        f"{type(first.__cause__).__name__}: {first.__cause__}): {e}")
+                async with self._own_client(client.timeout) as own:
+                    again = await self._send(own, workload, i, salt, stream, on_first_token)
+                if again is not None:
+                    stream.error = (f"{type(again).__name__} before any answer, twice (first: "
+                                    f"{type(first).__name__}: {first}): {again}")
         except self._httpx.TimeoutException:
             stream.error = f"timed out after {self._cfg['request_timeout_s']:.0f}s (request_timeout_s)"
         except self._httpx.ConnectError as e:
@@ -374,8 +371,9 @@ class OpenAIEngine(Engine):
             stream.error = f"{type(e).__name__} after {stream.chunks_seen} chunks: {e}"
 
     async def _send(self, client: Any, workload: Workload, i: int, salt: int, stream: _Stream,
-                    on_first_token: Callable[[], None]) -> None:
-        """One try of request i; a connection that fails before the status line raises _Unanswered."""
+                    on_first_token: Callable[[], None]) -> Exception | None:
+        """One try of request i: the error of a connection that failed before the status line, else None
+        (any later failure is raised)."""
         answered = False
         try:
             async with client.stream("POST", self._url(), json=self._payload(workload, i, salt)) as r:
@@ -383,7 +381,7 @@ class OpenAIEngine(Engine):
                 if r.status_code >= 400:
                     body = " ".join((await r.aread()).decode(errors="replace").split())[:200]
                     stream.error = f"HTTP {r.status_code}: {body}"
-                    return
+                    return None
                 async for line in r.aiter_lines():
                     seen = stream.chunks_seen
                     stream.feed(line, time.perf_counter())
@@ -394,11 +392,12 @@ class OpenAIEngine(Engine):
         except (self._httpx.ReadError, self._httpx.WriteError, self._httpx.RemoteProtocolError) as e:
             if answered:
                 raise
-            raise _Unanswered from e
+            return e
+        return None
 
-
-class _Unanswered(Exception):
-    """A request's connection failed before the server sent a status line (its cause is httpx's error)."""
+    def _own_client(self, timeout: Any) -> Any:
+        """A client with a connection of its own, for asking once more after a pooled connection failed."""
+        return self._httpx.AsyncClient(headers=self._headers(), timeout=timeout)
 
 
 def _usage_unseen(answer_ms: float | None) -> str:
