@@ -92,6 +92,7 @@ def judge(item: pytest.Item, perf: LLMPerf | None) -> Judgement:
         return Judgement(invalid, "invalid")
     state = item.config.stash[SESSION]
     failure, kind, notes = _limits_verdict(item.nodeid, item.stash.get(LIMITS, []), perf, state.retries)
+    notes += _resent_note(perf)
     if failure is not None and kind == "perf":
         also = gating.beside_failed_limits(state.gate, item.nodeid)
         failure += f"\n  {also}" if also else ""
@@ -110,6 +111,18 @@ def _invalid(test_id: str, perf: LLMPerf | None) -> str:
         return ""
     return (f"llmperf: {test_id}: not a valid measurement (neither judged nor gated, no baseline written):\n"
             + "\n".join(f"  result {label!r}: {why}" for label, why in bad))
+
+
+def _resent_note(perf: LLMPerf | None) -> tuple[tuple[str, str], ...]:
+    """Which results had requests sent a second time (a connection that failed before any answer): their
+    TTFT counts from the first send, so the wait for the failed connection is in it."""
+    resent = [(r.label or str(i), r.resent, r.n_requests * r.repeats) for i, r in enumerate(perf.results if perf else [])
+              if r.resent]
+    if not resent:
+        return ()
+    lines = [f"result {label!r}: {n} of {total} requests sent again after their connection failed before any "
+             "answer (their TTFT counts from the first send)" for label, n, total in resent]
+    return (("llmperf requests", "\n".join(lines)),)
 
 
 def _limits_verdict(test_id: str, limits: list[Limit], perf: LLMPerf | None,

@@ -192,6 +192,9 @@ class PerfResult:
     server: ServerLatency = field(default_factory=ServerLatency)
     # why a metric the engine has was not measured in a pass (flat metric name -> reason)
     unmeasured: dict[str, str] = field(default_factory=dict)
+    # requests sent a second time because their connection failed before any answer (an HTTP engine's
+    # keep-alive race); their TTFT counts from the first send. The test's report says so when any were
+    resent: int = 0
 
     @property
     def error_rate(self) -> float:
@@ -480,6 +483,7 @@ def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, l
         by_turn=by_turn(seqs, turns) if turns else (),
         server=ServerLatency.of(seqs),
         unmeasured={k: v for r in per_trace for k, v in r.unmeasured.items()},
+        resent=sum(r.resent for r in per_trace),
     )
 
 
@@ -509,6 +513,7 @@ def _one(trace: RunTrace, gaps: list[float], workload_hash: str, n_requests: int
         per_repeat=(),
         errors=tuple(f"request {s.index}.{s.sample}: {s.error}" for s in trace.sequences if s.error),
         duration_s=trace.end_t - trace.start_t,
+        resent=int(trace.extra.get("requests_sent_again", 0)),
     )
     flat = flat_metrics(result)
     return replace(result, per_repeat=(flat,), unmeasured=unmeasured_metrics(trace.unmeasured, flat))

@@ -170,6 +170,29 @@ def test_allowed(openai_engine_factory, llmperf, fake):
     assert "error_rate = 0.25 > limit 0" in out and "failed requests: request 1.0: HTTP 500" in out
 
 
+def test_a_test_whose_requests_were_sent_again_says_so_in_its_report(pytester):
+    """The fake server (plugin mechanics) drops one request's connection once: the test passes, its result
+    counts the request sent again, and the report's section names it beside the result."""
+    pytester.makeconftest(f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})")
+    pytester.makepyfile(test_r="""
+from fake_openai_server import FakeServer
+from pytest_llmperf import Request, Workload
+
+def test_resent(openai_engine_factory, llmperf):
+    fake = FakeServer({11: "drop once"})
+    try:
+        r = llmperf.run(openai_engine_factory(base_url=fake.base_url, vocab_size=1000),
+                        Workload(tuple(Request(p, 3) for p in (10, 11, 12)), seed=1), warmup=False, label="x")
+    finally:
+        fake.stop()
+    assert r.resent == 1 and r.failed == 0 and r.to_dict()["resent"] == 1
+""")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rA")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*llmperf requests*", "result 'x': 1 of 3 requests sent again after their connection "
+                                 "failed before any answer (their TTFT counts from the first send)"])
+
+
 def test_usage_counts_only_scrapes_sent_during_the_run_that_saw_requests_in_the_server():
     """Plugin mechanics of the /metrics scraper, with hand-made scrape times (no server)."""
     from pytest_llmperf.engines.openai import _Scraper
