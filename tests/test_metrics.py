@@ -237,13 +237,14 @@ def test_a_percentile_limit_on_too_few_samples_fails_only_beyond_chance_and_says
 
 def test_throughput_per_gib_margins_follow_the_curve_its_test_is_judged_on():
     """With a sweep recorded, min_throughput_per_gib is judged on the sweep's best point: its margin row is
-    that point's, not a plain run's beside it (stand-in results: no GPU memory is measured on this CPU)."""
+    that point's, not a plain run's beside it, per GiB of all its cards as the flat metric is (stand-in
+    results of two cards: no GPU memory is measured on this CPU)."""
     from types import SimpleNamespace as NS
 
     from pytest_llmperf import assertions
 
     (limit,) = assertions.parse("min_throughput_per_gib", (), {"tokens_per_s": 10}, "h100")
-    best = NS(gpu=NS(memory_peak_gib=2.0), throughput=NS(output_tokens_per_s=100.0))
+    best = NS(gpu=NS(memory_peak_gib=1.0, memory_peak_all_gib=2.0), throughput=NS(output_tokens_per_s=100.0))
     sweep = NS(points=[NS(result=best)], label="sw", kind="concurrency", under={})
     plain = NS(label="plain", flat=lambda: {"output_tokens_per_s_per_gib": 5.0})
     (row,) = assertions.margins([limit], [plain], [sweep])
