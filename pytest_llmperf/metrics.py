@@ -193,7 +193,7 @@ class PerfResult:
     # why a metric the engine has was not measured in a pass (flat metric name -> reason)
     unmeasured: dict[str, str] = field(default_factory=dict)
     # requests sent a second time because their connection failed before any answer (an HTTP engine's
-    # keep-alive race); their TTFT counts from the first send. The test's report says so when any were
+    # keep-alive race); their TTFT counts from the first send, and the test's report says how many
     resent: int = 0
 
     @property
