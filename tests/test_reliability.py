@@ -236,6 +236,7 @@ def test_too_little_free_gpu_memory_is_named_before_vllm_starts(monkeypatch):
                                           r"asks vLLM for 70.0 GiB: lower it"):
         VLLMEngine._check_free_memory(0.5)
     VLLMEngine._check_free_memory(0.25)  # 35 GiB fits in 40
+    VLLMEngine._check_free_memory(None)  # vLLM 0.34's default: the share is vLLM's to resolve and check
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5b1c")  # no NVML index to check: left to vLLM
     VLLMEngine._check_free_memory(0.5)
 

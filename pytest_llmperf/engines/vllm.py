@@ -291,15 +291,19 @@ class VLLMEngine(Engine):
             raise EngineOptionError(f"vLLM {self.version} does not take these engine options: {e}") from None
         _check_kinds(AsyncEngineArgs, config, self.version)
         if not self._cpu and not getattr(engine_args, "kv_cache_memory_bytes", None):
-            self._check_free_memory(float(engine_args.gpu_memory_utilization))
+            self._check_free_memory(engine_args.gpu_memory_utilization)
         return engine_args
 
     @staticmethod
-    def _check_free_memory(share: float) -> None:
+    def _check_free_memory(share: float | None) -> None:
         """vLLM refuses to start when the card has less free memory than its share of the whole, and its
-        reason stays in the engine-core log: say it in the error, with the numbers."""
+        reason stays in the engine-core log: say it in the error, with the numbers. No share (vLLM 0.34's
+        default, None until vLLM sizes the KV cache itself: 1.0 with its extensible KV cache, else 0.92):
+        left to vLLM's own check."""
         from ..gpu import assign_device, memory_info
 
+        if share is None:
+            return
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         if visible and not visible.split(",")[0].strip().isdigit():
             return  # a UUID or MIG name: no NVML index to check, vLLM checks itself
