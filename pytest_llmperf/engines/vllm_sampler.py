@@ -8,21 +8,21 @@ writes `#scheduler=<vLLM class>` first, so the adapter can say which one ran.
 
 vLLM's v1 engine core owns the block pool and runs in its own process, so the recorder is a
 `Scheduler` subclass (the one hook that reaches `kv_cache_manager` with multiprocessing on, in every v1
-version from 0.10 to 0.33) that records one line per step and appends them to the file named by
+version from 0.10 to 0.34) that records one line per step and appends them to the file named by
 `LLMPERF_KV_TRACE` when the engine goes idle, followed by `#cost_ns=` and the time the recorder has
 spent in its own code so far; the test process reads the lines a run produced.
 Access paths, and the versions they were checked on:
 
-- `self.kv_cache_manager.block_pool.{num_gpu_blocks, get_num_free_blocks()}` (0.10.0-0.33.0;
+- `self.kv_cache_manager.block_pool.{num_gpu_blocks, get_num_free_blocks()}` (0.10.0-0.34.0;
   slot 0 is the null block, so usable blocks are num_gpu_blocks - 1),
-- `...coordinator.single_type_managers[0].{req_to_blocks, block_size}` (0.10.0-0.33.0),
+- `...coordinator.single_type_managers[0].{req_to_blocks, block_size}` (0.10.0-0.34.0),
 - `request.num_computed_tokens` after `schedule()` includes the tokens scheduled this step,
-- `self.kv_cache_manager.prefix_cache_stats.{queries, hits}` (0.10.0-0.33.0; vLLM swaps in a new object
+- `self.kv_cache_manager.prefix_cache_stats.{queries, hits}` (0.10.0-0.34.0; vLLM swaps in a new object
   each time it reports, so deltas are taken per object). vLLM counts them only with log stats on; the
   plugin runs with them off (the front end's per-step stat loggers cost ~4% throughput,
   docs/performance.md), so the recorder turns on the KV manager's own counting (`log_stats`,
-  `PrefixCacheStats()`, 0.10.0-0.33.0): the same counts by the same code, nothing reported upstream,
-- `RequestStatus.PREEMPTED` on a request that was running before `schedule()` (0.10.0-0.33.0).
+  `PrefixCacheStats()`, 0.10.0-0.34.0): the same counts by the same code, nothing reported upstream,
+- `RequestStatus.PREEMPTED` on a request that was running before `schedule()` (0.10.0-0.34.0).
 
 Offline batches must be handed to the scheduler atomically, or the first steps depend on how fast
 the front end forwards requests and the paging fingerprint is flaky. Requests whose id carries
