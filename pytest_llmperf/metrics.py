@@ -121,6 +121,9 @@ class SequenceMetrics:
     itl: float | None  # the sequence's largest gap, so a worst-requests list can point at it
     cached_tokens: int | None = None  # prompt tokens served from the prefix cache, where the engine says
     server_times: ServerTimes | None = None  # the engine's own timing of it, where it reports it
+    # time to first output: the answer's first token (after reasoning streamed apart from it), else its TTFT;
+    # None where the output was all reasoning
+    ttfo: float | None = None
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,10 @@ class PerfResult:
     server: ServerLatency = field(default_factory=ServerLatency)
     # why a metric the engine has was not measured in a pass (flat metric name -> reason)
     unmeasured: dict[str, str] = field(default_factory=dict)
+    # time to first output (the answer's first token, after the reasoning the engine streamed apart from it;
+    # a sequence without reasoning: its TTFT), reported where any sequence streamed reasoning first, else
+    # empty (count 0). TTFT counts reasoning tokens as output, as `vllm bench serve`, GuideLLM and AIPerf do
+    ttfo: LatencyStats = field(default_factory=LatencyStats)
     # requests sent a second time because their connection failed before any answer (an HTTP engine's
     # keep-alive race); their TTFT counts from the first send, and the test's report says how many
     resent: int = 0
@@ -268,8 +275,15 @@ def sequence_metrics(s: SequenceTrace) -> SequenceMetrics:
     n = s.output_tokens
     tpot = (e2e - ttft) / (n - 1) if n > 1 else None
     gaps = itl_gaps_ms(s)
+    answer_t = s.answer_t if s.reasoning else s.chunks[0].t
+    ttfo = (answer_t - s.submit_t) * 1e3 if answer_t is not None else None
     return SequenceMetrics(s.index, s.sample, s.prompt_len, s.output_len, ttft, tpot, e2e, max(gaps) if gaps else None,
-                           s.cached_tokens, s.server_times)
+                           s.cached_tokens, s.server_times, ttfo)
+
+
+def ttfo_stats(sequences: Sequence[SequenceMetrics]) -> LatencyStats:
+    """Time to first output over the sequences that answered."""
+    return LatencyStats.of([s.ttfo for s in sequences if s.ttfo is not None])
 
 
 def by_turn(sequences: Sequence[SequenceMetrics], turns: Sequence[int]) -> tuple[TurnStats, ...]:
@@ -484,6 +498,7 @@ def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, l
         server=ServerLatency.of(seqs),
         unmeasured={k: v for r in per_trace for k, v in r.unmeasured.items()},
         resent=sum(r.resent for r in per_trace),
+        ttfo=ttfo_stats(seqs) if any(r.ttfo.count for r in per_trace) else LatencyStats(),
     )
 
 
@@ -514,6 +529,7 @@ def _one(trace: RunTrace, gaps: list[float], workload_hash: str, n_requests: int
         errors=tuple(f"request {s.index}.{s.sample}: {s.error}" for s in trace.sequences if s.error),
         duration_s=trace.end_t - trace.start_t,
         resent=int(trace.extra.get("requests_sent_again", 0)),
+        ttfo=ttfo_stats(seqs) if any(s.reasoning for s in trace.sequences) else LatencyStats(),
     )
     flat = flat_metrics(result)
     return replace(result, per_repeat=(flat,), unmeasured=unmeasured_metrics(trace.unmeasured, flat))

@@ -189,6 +189,12 @@ def _turn_text(turn: Mapping[str, Any]) -> str:
             f"p99 {cell(turn['ttft']['p99'])} ms" + (f", prefix cached {cached:.0%}" if cached is not None else ""))
 
 
+def _ttfo_text(summary: Mapping[str, Any]) -> str:
+    ttfo, ttft = summary["ttfo"], summary["ttft"]
+    return (f"first answer token (TTFO) p50 {cell(ttfo['p50'])} ms p99 {cell(ttfo['p99'])} ms over {ttfo['count']} "
+            f"answers; TTFT, reasoning tokens counted as output, p50 {cell(ttft['p50'])} ms p99 {cell(ttft['p99'])} ms")
+
+
 def terminal_lines(records: Sequence[TestRecord]) -> list[str]:
     """The session's llmperf section of the terminal summary: the headline table (the columns and
     number format of summary.md), each test's limit margins, the baseline counts and every metric
@@ -201,9 +207,12 @@ def terminal_lines(records: Sequence[TestRecord]) -> list[str]:
             shown = [format_margin(m) + (f" [{m['result']}]" if len(rec.results) > 1 else "") for m in rec.limits]
             lines.append(f"  limits of {rec.test}: " + "; ".join(shown))
         for i, result in enumerate(rec.results):
-            turns = result.get("summary", {}).get("by_turn")
-            if turns:
-                lines.append(f"  turns of {rec.test} [{result.get('label') or i}]: " + "; ".join(map(_turn_text, turns)))
+            summary = result.get("summary", {})
+            if summary.get("by_turn"):
+                lines.append(f"  turns of {rec.test} [{result.get('label') or i}]: "
+                             + "; ".join(map(_turn_text, summary["by_turn"])))
+            if (summary.get("ttfo") or {}).get("count"):
+                lines.append(f"  reasoning of {rec.test} [{result.get('label') or i}]: {_ttfo_text(summary)}")
     gated = baseline_counts(records)
     if gated:
         lines.append(gated)

@@ -58,6 +58,10 @@ class SequenceTrace:
     # prompt tokens the engine found in its prefix cache (vLLM's num_cached_tokens); None where not told
     cached_tokens: int | None = None
     server_times: ServerTimes | None = None  # the engine's own timing, where it reports it
+    # the engine streamed reasoning apart from the answer, before it (an OpenAI-compatible server with a
+    # reasoning parser), and when the answer's first token then arrived (None: the output was all reasoning)
+    reasoning: bool = False
+    answer_t: float | None = None
 
     @property
     def output_tokens(self) -> int:

@@ -45,10 +45,12 @@ class _Handler(BaseHTTPRequestHandler):
         if self.server.refuse_token_ids and isinstance(body.get("prompt"), list):
             self.send_error(422, "prompt must be a string")  # as TGI's OpenAI endpoint answers token ids
             return
-        fault = self.server.faults.get(len(body["prompt"]), "ok")
+        chat = "messages" in body
+        length = len(body["messages"][-1]["content"].split()) if chat else len(body["prompt"])
+        fault = self.server.faults.get(length, "ok")
         self.server.auth.append(self.headers.get("Authorization"))
-        if fault == "drop" or (fault == "drop once" and len(body["prompt"]) not in self.server.dropped):
-            self.server.dropped.add(len(body["prompt"]))  # closed, no answer: as a keep-alive connection
+        if fault == "drop" or (fault == "drop once" and length not in self.server.dropped):
+            self.server.dropped.add(length)  # closed, no answer: as a keep-alive connection
             self.close_connection = True  # the server closed as it was reused looks to the client
             return
         if fault == "500":
@@ -61,18 +63,32 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b'data: {"choices": [{"index": 0, "text": "", "token_ids": [], "finish_reason": "abort"}]}\n\n')
             self.wfile.write(b"data: [DONE]\n\n")
             return
+        if chat:  # vLLM's first chat chunk names the role and carries no token
+            self._event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
         for i in range(body["max_tokens"]):
             if fault == "cut" and i == 2:
                 return  # connection closes without [DONE]
             if fault == "slow":
                 time.sleep(2.0)
-            chunk = {"choices": [{"index": 0, "text": f"t{i} ", **({} if self.server.bare else {"token_ids": [i]})}]}
-            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            self.wfile.flush()
+            if chat:
+                # "reasoning": the first half of the tokens streamed as reasoning, as vLLM with a reasoning
+                # parser streams them (`delta.reasoning`); "reasoning only": all of them (max_tokens reached)
+                thinking = fault == "reasoning only" or (fault == "reasoning" and i < body["max_tokens"] // 2)
+                delta = {"reasoning" if thinking else "content": f"t{i} "}
+                if fault == "tool call":  # the arguments of a function call, streamed with no content
+                    delta = {"tool_calls": [{"index": 0, "function": {"arguments": f"t{i} "}}]}
+                time.sleep(0.01)
+                self._event({"choices": [{"index": 0, "delta": delta}]})
+                continue
+            self._event({"choices": [{"index": 0, "text": f"t{i} ", **({} if self.server.bare else {"token_ids": [i]})}]})
         if not self.server.bare:
-            usage = {"choices": [], "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": body["max_tokens"]}}
+            usage = {"choices": [], "usage": {"prompt_tokens": length, "completion_tokens": body["max_tokens"]}}
             self.wfile.write(f"data: {json.dumps(usage)}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")
+
+    def _event(self, obj):
+        self.wfile.write(f"data: {json.dumps(obj)}\n\n".encode())
+        self.wfile.flush()
 
     def _json(self, obj):
         data = json.dumps(obj).encode()
@@ -84,8 +100,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class FakeServer:
-    """`faults` maps a prompt length to "500", "cut", "slow", "empty", "drop" (the connection closed before any
-    answer) or "drop once" (so the first time only); every other request succeeds. `/health`
+    """`faults` maps a prompt length (a chat prompt's: its words) to "500", "cut", "slow", "empty", "drop" (the
+    connection closed before any answer), "drop once" (so the first time only), or for chat "reasoning" (half
+    the tokens streamed as reasoning first), "reasoning only" and "tool call"; every other request succeeds. `/health`
     answers 404 (a server without one) until `health` is set to a status."""
 
     def __init__(self, faults: dict[int, str]):

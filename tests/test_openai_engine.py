@@ -193,6 +193,51 @@ def test_resent(openai_engine_factory, llmperf):
                                  "failed before any answer (their TTFT counts from the first send)"])
 
 
+def test_reasoning_streamed_apart_from_the_answer_is_output_and_the_answer_keeps_its_own_start(openai_engine_factory):
+    """The fake server (plugin mechanics: the SSE fields vLLM streams with a reasoning parser, `delta.reasoning`
+    before `delta.content`). Reasoning tokens are output: TTFT is the first of them, and every token is
+    timed where it arrived (counting only the answer would date TTFT at the answer and pile the reasoning's
+    tokens on its last chunk). Time to first output (TTFO) keeps when the answer began. A tool call's
+    arguments, streamed with no content, are the answer's tokens."""
+    from pytest_llmperf.metrics import sequence_metrics, summarize
+
+    server = FakeServer({11: "reasoning", 12: "reasoning only", 13: "tool call"})
+    try:
+        engine = openai_engine_factory(base_url=server.base_url, endpoint="chat", vocab_size=1000)
+        w = Workload(tuple(Request(p, 8) for p in (10, 11, 12, 13)), seed=1)
+        trace = engine.run(w)
+    finally:
+        server.stop()
+    plain, reasoned, only, tool = trace.sequences
+    assert [[c.n_tokens for c in s.chunks] for s in trace.sequences] == [[1] * 8] * 4
+    assert [s.reasoning for s in trace.sequences] == [False, True, True, False]
+    assert reasoned.answer_t == reasoned.chunks[4].t and only.answer_t is None and tool.answer_t == tool.chunks[0].t
+    m = [sequence_metrics(s) for s in trace.sequences]
+    assert m[0].ttfo == m[0].ttft and m[1].ttfo > m[1].ttft + 30 and m[2].ttfo is None  # 10 ms a chunk
+    result = summarize([trace], w.hash, len(w.requests))
+    assert result.ttfo.count == 3 and result.ttfo.max == m[1].ttfo and result.failed == 0
+
+
+def test_a_result_with_reasoning_reports_its_time_to_first_output(pytester):
+    pytester.makeconftest(f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})")
+    pytester.makepyfile(test_t="""
+from fake_openai_server import FakeServer
+from pytest_llmperf import Request, Workload
+
+def test_think(openai_engine_factory, llmperf):
+    fake = FakeServer({11: "reasoning"})
+    try:
+        llmperf.run(openai_engine_factory(base_url=fake.base_url, endpoint="chat", vocab_size=1000),
+                    Workload(tuple(Request(p, 6) for p in (10, 11)), seed=1), warmup=False, label="chat")
+    finally:
+        fake.stop()
+""")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*reasoning of test_t.py::test_think [[]chat[]]: first answer token (TTFO) p50 * ms "
+                                 "p99 * ms over 2 answers; TTFT, reasoning tokens counted as output, p50 * ms p99 * ms"])
+
+
 def test_usage_counts_only_scrapes_sent_during_the_run_that_saw_requests_in_the_server():
     """Plugin mechanics of the /metrics scraper, with hand-made scrape times (no server)."""
     from pytest_llmperf.engines.openai import _Scraper

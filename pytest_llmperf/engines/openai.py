@@ -26,8 +26,8 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from ..models import ModelSpec
@@ -141,7 +141,7 @@ class OpenAIEngine(Engine):
             status, stream = self._probe_once()
         if status != 200 or stream is None:
             facts["token_counts"] = f"not probed (HTTP {status})" if status else "not probed (no answer)"
-        elif any(c is not None for row in stream.times for _, c, _ in row):
+        elif any(piece.n_ids is not None for row in stream.times for piece in row):
             facts["token_counts"] = "token ids in the stream"
         elif stream.completion_tokens is not None:
             facts["token_counts"] = "usage at the end of each stream"
@@ -343,7 +343,8 @@ class OpenAIEngine(Engine):
         own = dict(cached_tokens=stream.cached_tokens, server_times=stream.server_times) if req.n == 1 else {}
         chunks = [tuple(stream.chunks_of(k, count)) for k in range(req.n)]
         return [SequenceTrace(i, k, prompt_len, req.output_len, submit, chunks[k],
-                              stream.error or (None if chunks[k] else stream.empty_reason(k)), **own)
+                              stream.error or (None if chunks[k] else stream.empty_reason(k)),
+                              reasoning=stream.reasoning(k), answer_t=stream.answer_t(k), **own)
                 for k in range(req.n)], stream.sent_again
 
     async def _stream(self, client: Any, workload: Workload, i: int, salt: int, stream: _Stream,
@@ -450,11 +451,21 @@ async def _until_done_or_down(tasks: list[asyncio.Task[Any]], down: asyncio.Even
             raise t.exception()
 
 
+class _Piece(NamedTuple):
+    """One chunk of one choice: when it arrived, how many token ids it carried (None: the server sends none), and
+    whether it carried text (reasoning or answer) and answer text."""
+
+    t: float
+    n_ids: int | None
+    text: bool
+    answer: bool
+
+
 class _Stream:
     """One request's SSE stream: chunk times per choice, token counts, usage."""
 
     def __init__(self, n: int) -> None:
-        self.times: list[list[tuple[float, int | None, bool]]] = [[] for _ in range(n)]  # (t, ids, text?)
+        self.times: list[list[_Piece]] = [[] for _ in range(n)]  # per choice, each chunk it came in
         self.texts: list[list[str]] = [[] for _ in range(n)]
         self.done = False
         self.error: str | None = None
@@ -495,10 +506,10 @@ class _Stream:
             if choice.get("finish_reason"):
                 self.finish[choice.get("index", 0)] = choice["finish_reason"]
             ids = choice.get("token_ids")
-            text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
-            self.times[choice.get("index", 0)].append((t, len(ids) if ids is not None else None, bool(text)))
-            if text:
-                self.texts[choice.get("index", 0)].append(text)
+            answer, reasoning = _texts(choice)
+            k = choice.get("index", 0)
+            self.times[k].append(_Piece(t, len(ids) if ids is not None else None, bool(answer or reasoning), bool(answer)))
+            self.texts[k] += [text for text in (reasoning, answer) if text]
 
     def empty_reason(self, k: int) -> str:
         """Why choice `k` failed although the stream raised nothing: it carried no token (a sequence with
@@ -513,15 +524,38 @@ class _Stream:
         the last one corrected so that the total matches the server's usage, or, for a server that
         reports none, what `count` (the model's tokenizer) makes of the streamed text."""
         rows = self.times[k]
-        if any(c is not None for _, c, _ in rows):
-            return [Chunk(t, c) for t, c, _ in rows if c]
-        kept = [(t, 1) for t, _, nonempty in rows if nonempty] or [(t, 1) for t, _, _ in rows]
+        if any(p.n_ids is not None for p in rows):
+            return [Chunk(p.t, p.n_ids) for p in rows if p.n_ids]
+        kept = [(p.t, 1) for p in rows if p.text] or [(p.t, 1) for p in rows]
         total = self.completion_tokens if len(self.times) == 1 else None
         if total is None and count is not None and self.texts[k]:
             total = count("".join(self.texts[k]))
         if kept and total is not None:
             kept[-1] = (kept[-1][0], max(1, total - (len(kept) - 1)))
         return [Chunk(t, c) for t, c in kept]
+
+
+    def reasoning(self, k: int) -> bool:
+        """Whether choice `k` began with reasoning the server streamed apart from the answer (`_texts`)."""
+        first = next((p for p in self.times[k] if p.n_ids or p.text), None)
+        return first is not None and first.text and not first.answer
+
+    def answer_t(self, k: int) -> float | None:
+        """When choice `k`'s first answer token arrived (None: it had none)."""
+        return next((p.t for p in self.times[k] if p.answer), None)
+
+
+def _texts(choice: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """A streamed choice's (answer text, reasoning text): a completion's `text`; a chat delta's `content` (or a
+    tool call's arguments), and its reasoning as vLLM (`reasoning`; `reasoning_content` in earlier versions), SGLang and llama.cpp
+    (`reasoning_content`) stream it. Reasoning tokens are output tokens: they count for TTFT, ITL and
+    throughput, as in `vllm bench serve`, GuideLLM and AIPerf; `answer_t` keeps the answer's own start."""
+    if "text" in choice:
+        return choice.get("text"), None
+    delta = choice.get("delta") or {}
+    # a tool call's arguments stream in `tool_calls` with no content: they are the answer's tokens
+    calls = "".join((c.get("function") or {}).get("arguments") or "" for c in delta.get("tool_calls") or ())
+    return delta.get("content") or calls or None, delta.get("reasoning") or delta.get("reasoning_content")
 
 
 _BY_TOKENIZER = "the model's tokenizer over the streamed text (the server reports no usage)"
