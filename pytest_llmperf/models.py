@@ -57,7 +57,8 @@ def word_tokenizer(config: dict) -> tuple[dict, dict]:
         if isinstance(config.get(key), int) and config[key] not in names:
             names[config[key]] = name
     free = (k for k in range(vocab_size) if k not in names)
-    for name in ("<unk>", "<|system|>", "<|user|>", "<|assistant|>"):
+    # <think> and </think>: what a reasoning parser (`vllm serve --reasoning-parser deepseek_r1`) looks up
+    for name in ("<unk>", "<|system|>", "<|user|>", "<|assistant|>", "<think>", "</think>"):
         names[next(free)] = name
     vocab = {names.get(k, f"w{k}"): k for k in range(vocab_size)}
     added = [{"id": k, "content": name, "single_word": False, "lstrip": False, "rstrip": False,
@@ -150,10 +151,12 @@ def resolve_model(spec: str, cache_dir: str | None = None) -> ModelSpec:
         folder.mkdir(parents=True, exist_ok=True)
         target = folder / "config.json"
         text = json.dumps(config, indent=1, sort_keys=True)
-        if _write_if_changed(target, text) or not (folder / "tokenizer.json").exists():
-            tokenizer, tokenizer_config = word_tokenizer(config)
-            _write_if_changed(folder / "tokenizer_config.json", json.dumps(tokenizer_config, indent=1))
-            _write_if_changed(folder / "tokenizer.json", json.dumps(tokenizer))
+        _write_if_changed(target, text)
+        # written whenever it differs, not only with a new config: a folder left by an earlier version of the
+        # plugin in the same temporary directory gets this version's tokenizer
+        tokenizer, tokenizer_config = word_tokenizer(config)
+        _write_if_changed(folder / "tokenizer_config.json", json.dumps(tokenizer_config, indent=1))
+        _write_if_changed(folder / "tokenizer.json", json.dumps(tokenizer))
         return ModelSpec(spec, str(folder), True, config.get("max_position_embeddings"), config.get("vocab_size"))
     local = Path(spec).expanduser()
     if local.exists():

@@ -308,12 +308,18 @@ def assert_usage_unmeasured_says_how_scrapes_were_answered(trace):
 def served(llmperf_session, tmp_path_factory):
     """`vllm serve` as the vllm_server fixture starts it (the session's model and server options), but with
     vLLM's own process topology on the CPU, which conftest.py trims for the other tests: the model in a
-    worker process of its own, the one whose thread binding the KV-usage test below is about."""
-    from pytest_llmperf.fixtures import start_vllm_server
+    worker process of its own, the one whose thread binding the KV-usage test below is about. Its chat
+    answers go through a reasoning parser (DeepSeek-R1's: everything before `</think>` is reasoning),
+    as a reasoning model's server would stream them."""
+    from pytest_llmperf.engines.vllm import _is_cpu_build
+    from pytest_llmperf.engines.vllm_server import VLLMServer
 
+    vllm = pytest.importorskip("vllm")
+    options = {**llmperf_session.server_options, "reasoning_parser": "deepseek_r1"}
     with pytest.MonkeyPatch.context() as env:
         env.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-        server = start_vllm_server(llmperf_session, tmp_path_factory)
+        server = VLLMServer(llmperf_session.model(), options, tmp_path_factory.mktemp("vllm-serve"),
+                            cpu=_is_cpu_build(vllm))
     yield server
     server.stop()
 
@@ -441,6 +447,11 @@ def test_chat_and_text_prompts_through_the_shape_tokenizer(served, openai_engine
     assert r.failed == 0 and r.ttft.count == 6 and r.tpot.count == 6
     rows = chat.run(w).sequences
     assert [s.output_tokens for s in rows] == [q.output_len for q in w.requests]  # the server's usage
+    # the reasoning parser streams the random model's words as reasoning (`delta.reasoning`): output tokens,
+    # seen as reasoning; time to first output is reported over the sequences whose answer began
+    assert all(s.reasoning for s in rows), [(s.index, s.reasoning) for s in rows]
+    assert r.ttfo.count == len([s for s in r.sequences if s.ttfo is not None])
+    print("answers after reasoning:", [(s.index, s.answer_t is not None) for s in rows])
     # the chat template wraps the words in <|user|> ... <|assistant|>: two tokens more, as usage says
     assert [s.prompt_len for s in rows] == [q.prompt_len + 2 for q in w.requests]
     text = openai_engine_factory(base_url=served.base_url, token_ids=False).run(w).sequences
