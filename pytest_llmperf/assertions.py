@@ -81,13 +81,13 @@ def _written(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
 
 
 # -- the catalogue ---------------------------------------------------------------------------------
-_LATENCY_UNITS = {"ttft": "ms", "tpot": "ms", "itl": "ms", "e2e": "ms"}
+_LATENCY_UNITS = {"ttft": "ms", "tpot": "ms", "itl": "ms", "e2e": "ms", "ttfo": "ms"}
 
 
 def _percentile_marker(p: int) -> Callable[..., list[Limit]]:
     def marker(*, ttft: float | None = None, tpot: float | None = None, itl: float | None = None,
-               e2e: float | None = None) -> list[Limit]:
-        given = _need_one({"ttft": ttft, "tpot": tpot, "itl": itl, "e2e": e2e}, list(_LATENCY_UNITS))
+               e2e: float | None = None, ttfo: float | None = None) -> list[Limit]:
+        given = _need_one({"ttft": ttft, "tpot": tpot, "itl": itl, "e2e": e2e, "ttfo": ttfo}, list(_LATENCY_UNITS))
         name = f"max_p{p}_ms"
         return [
             Limit(_written(name, (), {k: v}), f"p{p}_{k}_ms", _number(v, k), True, "ms", k)
@@ -96,7 +96,8 @@ def _percentile_marker(p: int) -> Callable[..., list[Limit]]:
 
     marker.__name__ = f"max_p{p}_ms"
     marker.__doc__ = (f"fail when the p{p} of a latency is above its limit in ms "
-                      f"(TTFT, TPOT and E2E over requests; ITL over streamed chunks).")
+                      f"(TTFT, TPOT, E2E and TTFO, time to a reasoning model's answer, over requests; ITL over "
+                      "streamed chunks).")
     return marker
 
 

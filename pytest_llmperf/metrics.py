@@ -23,7 +23,7 @@ from .paging_timeline import Timeline
 from .trace import GpuSample, KVSample, RunTrace, SequenceTrace, ServerTimes
 
 PERCENTILES = (50, 90, 95, 99)
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "ttfo")
 LATENCY_STATS = ("mean", "p50", "p90", "p95", "p99", "max")
 # the flat names of every latency statistic: p99_ttft_ms, p50_itl_ms, ...
 LATENCY_METRIC_NAMES = tuple(f"{stat}_{name}_ms" for name in LATENCY_METRICS for stat in LATENCY_STATS)
@@ -195,10 +195,11 @@ class PerfResult:
     server: ServerLatency = field(default_factory=ServerLatency)
     # why a metric the engine has was not measured in a pass (flat metric name -> reason)
     unmeasured: dict[str, str] = field(default_factory=dict)
-    # time to first output (the answer's first token, after the reasoning the engine streamed apart from it;
-    # a sequence without reasoning: its TTFT), reported where any sequence streamed reasoning first, else
-    # empty (count 0). TTFT counts reasoning tokens as output, as `vllm bench serve`, GuideLLM and AIPerf do
+    # time to first output: the answer's first token, after the reasoning the engine streamed apart from it
+    # (a sequence without reasoning: its TTFT, as AIPerf has it; one that was all reasoning: left out). TTFT
+    # counts reasoning tokens as output, as `vllm bench serve`, GuideLLM and AIPerf do
     ttfo: LatencyStats = field(default_factory=LatencyStats)
+    reasoned: int = 0  # sequences whose engine streamed reasoning apart from the answer, first
     # requests sent a second time because their connection failed before any answer (an HTTP engine's
     # keep-alive race); their TTFT counts from the first send, and the test's report says how many
     resent: int = 0
@@ -279,11 +280,6 @@ def sequence_metrics(s: SequenceTrace) -> SequenceMetrics:
     ttfo = (answer_t - s.submit_t) * 1e3 if answer_t is not None else None
     return SequenceMetrics(s.index, s.sample, s.prompt_len, s.output_len, ttft, tpot, e2e, max(gaps) if gaps else None,
                            s.cached_tokens, s.server_times, ttfo)
-
-
-def ttfo_stats(sequences: Sequence[SequenceMetrics]) -> LatencyStats:
-    """Time to first output over the sequences that answered."""
-    return LatencyStats.of([s.ttfo for s in sequences if s.ttfo is not None])
 
 
 def by_turn(sequences: Sequence[SequenceMetrics], turns: Sequence[int]) -> tuple[TurnStats, ...]:
@@ -498,7 +494,8 @@ def summarize(traces: Sequence[RunTrace], workload_hash: str, n_requests: int, l
         server=ServerLatency.of(seqs),
         unmeasured={k: v for r in per_trace for k, v in r.unmeasured.items()},
         resent=sum(r.resent for r in per_trace),
-        ttfo=ttfo_stats(seqs) if any(r.ttfo.count for r in per_trace) else LatencyStats(),
+        ttfo=LatencyStats.of(latencies["ttfo"]),
+        reasoned=sum(r.reasoned for r in per_trace),
     )
 
 
@@ -529,7 +526,8 @@ def _one(trace: RunTrace, gaps: list[float], workload_hash: str, n_requests: int
         errors=tuple(f"request {s.index}.{s.sample}: {s.error}" for s in trace.sequences if s.error),
         duration_s=trace.end_t - trace.start_t,
         resent=int(trace.extra.get("requests_sent_again", 0)),
-        ttfo=ttfo_stats(seqs) if any(s.reasoning for s in trace.sequences) else LatencyStats(),
+        ttfo=LatencyStats.of(latencies["ttfo"]),
+        reasoned=sum(s.reasoning for s in trace.sequences),
     )
     flat = flat_metrics(result)
     return replace(result, per_repeat=(flat,), unmeasured=unmeasured_metrics(trace.unmeasured, flat))
@@ -543,7 +541,7 @@ def unmeasured_metrics(measures: Mapping[str, str], flat: Mapping[str, Any]) -> 
 
 def _latencies(seqs: Sequence[SequenceMetrics], gaps: list[float]) -> dict[str, list[float]]:
     return {"ttft": [s.ttft for s in seqs if s.ttft is not None], "tpot": [s.tpot for s in seqs if s.tpot is not None],
-            "itl": gaps, "e2e": [s.e2e for s in seqs if s.e2e is not None]}
+            "itl": gaps, "e2e": [s.e2e for s in seqs if s.e2e is not None], "ttfo": [s.ttfo for s in seqs if s.ttfo is not None]}
 
 
 def _max_or_none(values: Sequence[Any]) -> Any:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 CONFIDENCE = 0.95
-_PERCENTILE = re.compile(r"p(\d+)_(ttft|tpot|itl|e2e)_ms")
+_PERCENTILE = re.compile(r"p(\d+)_(ttft|tpot|itl|e2e|ttfo)_ms")
 
 
 def percentile_of(metric: str) -> tuple[float, str] | None:

@@ -191,8 +191,10 @@ def _turn_text(turn: Mapping[str, Any]) -> str:
 
 def _ttfo_text(summary: Mapping[str, Any]) -> str:
     ttfo, ttft = summary["ttfo"], summary["ttft"]
-    return (f"first answer token (TTFO) p50 {cell(ttfo['p50'])} ms p99 {cell(ttfo['p99'])} ms over {ttfo['count']} "
-            f"answers; TTFT, reasoning tokens counted as output, p50 {cell(ttft['p50'])} ms p99 {cell(ttft['p99'])} ms")
+    answers = (f"first answer token (TTFO) p50 {cell(ttfo['p50'])} ms p99 {cell(ttfo['p99'])} ms over {ttfo['count']} "
+               "answers" if ttfo["count"] else "no answer began (all output was reasoning)")
+    return (f"{summary['reasoned']} sequences streamed reasoning first; {answers}; TTFT, reasoning tokens counted as "
+            f"output, p50 {cell(ttft['p50'])} ms p99 {cell(ttft['p99'])} ms")
 
 
 def terminal_lines(records: Sequence[TestRecord]) -> list[str]:
@@ -211,7 +213,7 @@ def terminal_lines(records: Sequence[TestRecord]) -> list[str]:
             if summary.get("by_turn"):
                 lines.append(f"  turns of {rec.test} [{result.get('label') or i}]: "
                              + "; ".join(map(_turn_text, summary["by_turn"])))
-            if (summary.get("ttfo") or {}).get("count"):
+            if summary.get("reasoned"):
                 lines.append(f"  reasoning of {rec.test} [{result.get('label') or i}]: {_ttfo_text(summary)}")
     gated = baseline_counts(records)
     if gated:

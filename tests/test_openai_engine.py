@@ -201,11 +201,13 @@ def test_reasoning_streamed_apart_from_the_answer_is_output_and_the_answer_keeps
     arguments, streamed with no content, are the answer's tokens."""
     from pytest_llmperf.metrics import sequence_metrics, summarize
 
-    server = FakeServer({11: "reasoning", 12: "reasoning only", 13: "tool call"})
+    server = FakeServer({11: "reasoning", 12: "reasoning only", 13: "tool call", **dict.fromkeys(range(20, 28), "reasoning")})
     try:
         engine = openai_engine_factory(base_url=server.base_url, endpoint="chat", vocab_size=1000)
         w = Workload(tuple(Request(p, 8) for p in (10, 11, 12, 13)), seed=1)
         trace = engine.run(w)
+        eight = Workload(tuple(Request(p, 8) for p in range(20, 28)), seed=1)  # enough answers to gate a median
+        thinking = summarize([engine.run(eight)], eight.hash, 8)
     finally:
         server.stop()
     plain, reasoned, only, tool = trace.sequences
@@ -213,9 +215,19 @@ def test_reasoning_streamed_apart_from_the_answer_is_output_and_the_answer_keeps
     assert [s.reasoning for s in trace.sequences] == [False, True, True, False]
     assert reasoned.answer_t == reasoned.chunks[4].t and only.answer_t is None and tool.answer_t == tool.chunks[0].t
     m = [sequence_metrics(s) for s in trace.sequences]
-    assert m[0].ttfo == m[0].ttft and m[1].ttfo > m[1].ttft + 30 and m[2].ttfo is None  # 10 ms a chunk
+    assert m[0].ttfo == m[0].ttft and m[2].ttfo is None and m[1].ttfo >= m[1].ttft
+    assert m[1].ttfo == pytest.approx((reasoned.chunks[4].t - reasoned.submit_t) * 1e3)
     result = summarize([trace], w.hash, len(w.requests))
-    assert result.ttfo.count == 3 and result.ttfo.max == m[1].ttfo and result.failed == 0
+    assert result.ttfo.count == 3 and result.ttfo.max == m[1].ttfo and result.reasoned == 2 and result.failed == 0
+    # a limit on it: max_p50_ms(ttfo=...) judges when the answers began (bounds from the values measured: no
+    # timing is asserted; below all eight, even the lower end of the median's interval is over it)
+    from pytest_llmperf import assertions
+
+    answers = [s.ttfo for s in thinking.sequences]
+    bounds = (max(answers) + 1, min(answers) - 0.001)
+    loose, tight = (assertions.parse("max_p50_ms", (), {"ttfo": bound}, "cpu") for bound in bounds)
+    assert thinking.ttfo.count == 8 and assertions.check(loose, [thinking]) == []
+    assert [v.limit.metric for v in assertions.check(tight, [thinking])] == ["p50_ttfo_ms"]
 
 
 def test_a_result_with_reasoning_reports_its_time_to_first_output(pytester):
@@ -234,8 +246,9 @@ def test_think(openai_engine_factory, llmperf):
 """)
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*reasoning of test_t.py::test_think [[]chat[]]: first answer token (TTFO) p50 * ms "
-                                 "p99 * ms over 2 answers; TTFT, reasoning tokens counted as output, p50 * ms p99 * ms"])
+    result.stdout.fnmatch_lines(["*reasoning of test_t.py::test_think [[]chat[]]: 1 sequences streamed reasoning first; "
+                                 "first answer token (TTFO) p50 * ms p99 * ms over 2 answers; TTFT, reasoning tokens "
+                                 "counted as output, p50 * ms p99 * ms"])
 
 
 def test_usage_counts_only_scrapes_sent_during_the_run_that_saw_requests_in_the_server():
