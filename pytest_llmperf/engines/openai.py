@@ -546,10 +546,11 @@ class _Stream:
 
 
 def _texts(choice: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """A streamed choice's (answer text, reasoning text): a completion's `text`; a chat delta's `content` (or a
-    tool call's arguments), and its reasoning as vLLM (`reasoning`; `reasoning_content` in earlier versions), SGLang and llama.cpp
-    (`reasoning_content`) stream it. Reasoning tokens are output tokens: they count for TTFT, ITL and
-    throughput, as in `vllm bench serve`, GuideLLM and AIPerf; `answer_t` keeps the answer's own start."""
+    """A streamed choice's (answer text, reasoning text): a completion's `text`; a chat delta's `content` (or
+    a tool call's arguments), and its reasoning as vLLM (`reasoning`; `reasoning_content` in earlier
+    versions), SGLang and llama.cpp (`reasoning_content`) stream it. Reasoning tokens are output tokens: they
+    count for TTFT, ITL and throughput, as in `vllm bench serve`, GuideLLM and AIPerf; `answer_t` keeps the
+    answer's own start."""
     if "text" in choice:
         return choice.get("text"), None
     delta = choice.get("delta") or {}
