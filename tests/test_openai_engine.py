@@ -219,6 +219,8 @@ def test_reasoning_streamed_apart_from_the_answer_is_output_and_the_answer_keeps
     assert m[1].ttfo == pytest.approx((reasoned.chunks[4].t - reasoned.submit_t) * 1e3)
     result = summarize([trace], w.hash, len(w.requests))
     assert result.ttfo.count == 3 and result.ttfo.max == m[1].ttfo and result.reasoned == 2 and result.failed == 0
+    # goodput by the answer's start: the all-reasoning request never answered, so 3 of the 4 count
+    assert result.goodput(ttfo=1e9) == pytest.approx(3 / result.duration_s)
     # a limit on it: max_p50_ms(ttfo=...) judges when the answers began (bounds from the values measured: no
     # timing is asserted; below all eight, even the lower end of the median's interval is over it)
     from pytest_llmperf import assertions
