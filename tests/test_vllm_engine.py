@@ -72,8 +72,13 @@ def test_paging_fingerprint_is_identical_across_runs(vllm_engine, llmperf):
 def test_arrivals_and_closed_loop_are_honoured(vllm_engine, llmperf):
     w = Workload.poisson(qps=20, n=12, prompt_len=(16, 64), output_len=(4, 16), seed=2)
     trace = vllm_engine.run(w)
-    offsets = sorted(s.submit_t - trace.start_t for s in trace.sequences)
-    assert offsets == pytest.approx([r.arrival_s for r in w.requests], abs=0.05)
+    # every request sent at its time, within the bound past which the plugin calls a request late (a
+    # starved 2-core runner can delay a send by tens of ms; validity.py says what the bound rests on)
+    from pytest_llmperf import validity
+
+    lags = validity.schedule_lags(trace, w)
+    # (not before it, but for asyncio's clock resolution)
+    assert len(lags) == 12 and all(-0.01 <= lag <= validity.LATE_S for lag in lags), lags
 
     loop = Workload.closed_loop(concurrency=3, n=12, prompt_len=(16, 64), output_len=(4, 16), seed=2)
     trace = vllm_engine.run(loop)
