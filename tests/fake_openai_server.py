@@ -45,8 +45,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self.server.refuse_token_ids and isinstance(body.get("prompt"), list):
             self.send_error(422, "prompt must be a string")  # as TGI's OpenAI endpoint answers token ids
             return
-        chat = "messages" in body
-        length = len(body["messages"][-1]["content"].split()) if chat else len(body["prompt"])
+        chat, responses = "messages" in body, self.path.endswith("/responses")
+        length = (len(body["messages"][-1]["content"].split()) if chat else len(body["input"].split()) if responses
+                  else len(body["prompt"]))
         fault = self.server.faults.get(length, "ok")
         self.server.auth.append(self.headers.get("Authorization"))
         if fault == "drop" or (fault == "drop once" and length not in self.server.dropped):
@@ -62,6 +63,9 @@ class _Handler(BaseHTTPRequestHandler):
         if fault == "empty":  # ended at once, no token: as a server that aborted the request answers
             self.wfile.write(b'data: {"choices": [{"index": 0, "text": "", "token_ids": [], "finish_reason": "abort"}]}\n\n')
             self.wfile.write(b"data: [DONE]\n\n")
+            return
+        if responses:
+            self._responses(fault, length, body["max_output_tokens"])
             return
         if chat:  # vLLM's first chat chunk names the role and carries no token
             self._event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
@@ -86,7 +90,23 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(f"data: {json.dumps(usage)}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")
 
-    def _event(self, obj):
+    def _responses(self, fault, length, n):
+        """The Responses API's events as vLLM streams them (`event:` lines, then typed data): the answer's
+        text deltas, reasoning first for "reasoning", and the usage in `response.completed`."""
+        self._event({"type": "response.created", "response": {"id": "resp_1", "output": []}}, "response.created")
+        for i in range(n):
+            if fault == "cut" and i == 2:
+                return
+            thinking = fault == "reasoning" and i < n // 2
+            kind = "response.reasoning_text.delta" if thinking else "response.output_text.delta"
+            time.sleep(0.01)
+            self._event({"type": kind, "delta": f" t{i}", "item_id": "x", "output_index": 0}, kind)
+        usage = {"input_tokens": length, "output_tokens": n, "input_tokens_details": {"cached_tokens": 0}}
+        self._event({"type": "response.completed", "response": {"id": "resp_1", "usage": usage}}, "response.completed")
+
+    def _event(self, obj, name=None):
+        if name:
+            self.wfile.write(f"event: {name}\n".encode())
         self.wfile.write(f"data: {json.dumps(obj)}\n\n".encode())
         self.wfile.flush()
 
@@ -102,7 +122,8 @@ class _Handler(BaseHTTPRequestHandler):
 class FakeServer:
     """`faults` maps a prompt length (a chat prompt's: its words) to "500", "cut", "slow", "empty", "drop" (the
     connection closed before any answer), "drop once" (so the first time only), or for chat "reasoning" (half
-    the tokens streamed as reasoning first), "reasoning only" and "tool call"; every other request succeeds. `/health`
+    the tokens streamed as reasoning first), "reasoning only" and "tool call" (the Responses API, at
+    /v1/responses, takes "reasoning" and "cut"); every other request succeeds. `/health`
     answers 404 (a server without one) until `health` is set to a status."""
 
     def __init__(self, faults: dict[int, str]):

@@ -232,6 +232,24 @@ def test_reasoning_streamed_apart_from_the_answer_is_output_and_the_answer_keeps
     assert [v.limit.metric for v in assertions.check(tight, [thinking])] == ["p50_ttfo_ms"]
 
 
+def test_the_responses_api_is_streamed_with_reasoning_usage_and_a_cut_named(openai_engine_factory):
+    """The fake server (plugin mechanics: the Responses API's typed events as vLLM streams them)."""
+    server = FakeServer({11: "reasoning", 12: "cut"})
+    try:
+        engine = openai_engine_factory(base_url=server.base_url, endpoint="responses", vocab_size=1000)
+        trace = engine.run(Workload(tuple(Request(p, 6) for p in (10, 11, 12)), seed=1))
+        with pytest.raises(EngineError, match="the Responses API generates one sequence a request"):
+            engine.run(Workload((Request(10, 6, n=2),), seed=1))
+    finally:
+        server.stop()
+    plain, reasoned, cut = trace.sequences
+    assert engine.config["prompt"] == "text input (Responses API)"
+    assert engine.config["token_counts"] == "usage at the end of each stream"
+    assert [c.n_tokens for c in plain.chunks] == [1] * 6 and (plain.prompt_len, plain.reasoning) == (10, False)
+    assert reasoned.reasoning and reasoned.answer_t == reasoned.chunks[3].t and reasoned.output_tokens == 6
+    assert cut.error == "stream cut after 2 chunks (no response.completed)"
+
+
 def test_a_result_with_reasoning_reports_its_time_to_first_output(pytester):
     pytester.makeconftest(f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})")
     pytester.makepyfile(test_t="""
@@ -469,6 +487,10 @@ def test_chat_and_text_prompts_through_the_shape_tokenizer(served, openai_engine
     print("answers after reasoning:", [(s.index, s.answer_t is not None) for s in rows])
     # the chat template wraps the words in <|user|> ... <|assistant|>: two tokens more, as usage says
     assert [s.prompt_len for s in rows] == [q.prompt_len + 2 for q in w.requests]
+    # the Responses API of the same server: its reasoning events are output, counted by its usage
+    answers = openai_engine_factory(base_url=served.base_url, endpoint="responses").run(w).sequences
+    assert not [(s.index, s.error) for s in answers if s.error]
+    assert [s.output_tokens for s in answers] == [q.output_len for q in w.requests] and all(s.reasoning for s in answers)
     text = openai_engine_factory(base_url=served.base_url, token_ids=False).run(w).sequences
     assert [s.prompt_len for s in text] == [q.prompt_len for q in w.requests]
     assert [s.output_tokens for s in text] == [q.output_len for q in w.requests]

@@ -45,11 +45,13 @@ SLOW_HEALTH_LIMIT = 3  # /health timeouts in a row (each HEALTH_TIMEOUT_S) that 
 # server closes it fails with "Server disconnected without sending a response" (httpx's own expiry is 5 s).
 KEEPALIVE_EXPIRY_S = 2.0
 
+ENDPOINTS = {"completions": "/completions", "chat": "/chat/completions", "responses": "/responses"}
+
 DEFAULTS: dict[str, Any] = {
     "base_url": None,  # e.g. http://127.0.0.1:8000/v1
     "model": None,  # the server's first model when None
     "api_key_env": "OPENAI_API_KEY",
-    "endpoint": "completions",  # or "chat"
+    "endpoint": "completions",  # "chat" (/chat/completions) or "responses" (the Responses API, /responses)
     "max_connections": 256,
     "request_timeout_s": 600.0,
     "token_ids": True,  # send token-id prompts (completions); text otherwise
@@ -72,8 +74,8 @@ class OpenAIEngine(Engine):
         if not cfg["base_url"]:
             raise EngineError("the openai engine needs a server: --llmperf-base-url http://HOST:PORT/v1 "
                               "(or the vllm_server fixture, or openai_engine_factory(base_url=...))")
-        if cfg["endpoint"] not in ("completions", "chat"):
-            raise EngineError(f"endpoint={cfg['endpoint']!r}: choose 'completions' or 'chat'")
+        if cfg["endpoint"] not in ENDPOINTS:
+            raise EngineError(f"endpoint={cfg['endpoint']!r}: choose 'completions', 'chat' or 'responses'")
         if cfg["metrics_dialect"] is not None:
             try:
                 metrics_dialects.dialect(cfg["metrics_dialect"])
@@ -132,8 +134,8 @@ class OpenAIEngine(Engine):
         text prompts instead), and where the token counts of a chunk come from: token ids in the stream
         (vLLM with return_token_ids), the `usage` at its end, or else the model's tokenizer over the
         streamed text. Both go into `config`, so every result says how it was counted."""
-        facts = {"prompt": "chat messages" if self._cfg["endpoint"] == "chat" else
-                 "token ids" if self._cfg["token_ids"] and self.vocab_size else "text"}
+        facts = {"prompt": {"chat": "chat messages", "responses": "text input (Responses API)"}.get(self._cfg["endpoint"])
+                 or ("token ids" if self._cfg["token_ids"] and self.vocab_size else "text")}
         status, stream = self._probe_once()
         if facts["prompt"] == "token ids" and status in (400, 422):
             self._cfg["token_ids"] = False
@@ -152,7 +154,7 @@ class OpenAIEngine(Engine):
     def _probe_once(self) -> tuple[int, _Stream | None]:
         body = self._payload(Workload.offline(1, prompt_len=3, output_len=2, seed=0), 0, 0)
         if self._cfg["ignore_eos"]:
-            body.update(ignore_eos=False, min_tokens=0)
+            body.update(ignore_eos=False, **({} if self._cfg["endpoint"] == "responses" else {"min_tokens": 0}))
         stream = _Stream(1)
         try:
             with self._httpx.stream("POST", self._url(), json=body, headers=self._headers(), timeout=60) as r:
@@ -165,7 +167,7 @@ class OpenAIEngine(Engine):
         return 200, stream
 
     def _url(self) -> str:
-        return self._cfg["base_url"] + ("/chat/completions" if self._cfg["endpoint"] == "chat" else "/completions")
+        return self._cfg["base_url"] + ENDPOINTS[self._cfg["endpoint"]]
 
     def _count_tokens(self, text: str) -> int:
         """Tokens in `text` by the model's own tokenizer (a shape's word tokenizer, or the model's),
@@ -191,6 +193,9 @@ class OpenAIEngine(Engine):
     # -- running ----------------------------------------------------------------------------
     def run(self, workload: Workload, salt: int = 0) -> RunTrace:
         self.check_fits(workload)
+        if self._cfg["endpoint"] == "responses" and any(r.n > 1 for r in workload.requests):
+            raise EngineError("the Responses API generates one sequence a request: a workload with n > 1 "
+                              "needs endpoint='completions' or 'chat'")
         self._check_health()
         trace, down = asyncio.run(self._run(workload, salt))
         if down is None and any(s.error for s in trace.sequences):
@@ -305,6 +310,8 @@ class OpenAIEngine(Engine):
 
     def _payload(self, workload: Workload, i: int, salt: int) -> dict[str, Any]:
         req = workload.requests[i]
+        if self._cfg["endpoint"] == "responses":
+            return self._response_payload(workload, i, salt)
         body: dict[str, Any] = {"model": self._served_model, "max_tokens": req.output_len, "n": req.n,
                                 "stream": True, "stream_options": {"include_usage": True},
                                 "temperature": 0.0 if req.n == 1 else 1.0}
@@ -317,6 +324,16 @@ class OpenAIEngine(Engine):
             body["return_token_ids"] = True
         else:
             body["prompt"] = _words(workload, i, salt, self.vocab_size)
+        return body
+
+    def _response_payload(self, workload: Workload, i: int, salt: int) -> dict[str, Any]:
+        """The Responses API's request: text input, no `n` (a workload asking for several samples of a request
+        is refused before the run), usage always in its `response.completed` event."""
+        req = workload.requests[i]
+        body: dict[str, Any] = {"model": self._served_model, "input": _words(workload, i, salt, self.vocab_size),
+                                "max_output_tokens": req.output_len, "stream": True, "temperature": 0.0}
+        if self._cfg["ignore_eos"]:
+            body["ignore_eos"] = True  # vLLM's extension, as for the other endpoints (it has no min_tokens here)
         return body
 
     async def _one(self, client: Any, workload: Workload, i: int, salt: int, schedule: Schedule,
@@ -389,7 +406,8 @@ class OpenAIEngine(Engine):
                     if seen == 0 and stream.chunks_seen:
                         on_first_token()
                 if not stream.done:
-                    stream.error = f"stream cut after {stream.chunks_seen} chunks (no [DONE])"
+                    end = "response.completed" if self._cfg["endpoint"] == "responses" else "[DONE]"
+                    stream.error = f"stream cut after {stream.chunks_seen} chunks (no {end})"
         except (self._httpx.ReadError, self._httpx.WriteError, self._httpx.RemoteProtocolError) as e:
             if answered:
                 raise
@@ -492,6 +510,9 @@ class _Stream:
         if "error" in event:
             self.error = f"server error in stream: {event['error']}"
             return
+        if "choices" not in event and str(event.get("type", "")).startswith(("response.", "error")):
+            self._feed_response_event(event, t)
+            return
         self.chunks_seen += 1
         usage = event.get("usage")
         if usage:
@@ -510,6 +531,26 @@ class _Stream:
             k = choice.get("index", 0)
             self.times[k].append(_Piece(t, len(ids) if ids is not None else None, bool(answer or reasoning), bool(answer)))
             self.texts[k] += [text for text in (reasoning, answer) if text]
+
+    def _feed_response_event(self, event: Mapping[str, Any], t: float) -> None:
+        """One Responses API event: text deltas (the answer's, a function call's arguments, or reasoning)
+        are chunks; `response.completed` carries the usage and ends the stream, `response.failed` and
+        `error` fail it."""
+        kind = event["type"]
+        if kind in RESPONSE_DELTAS:
+            self.chunks_seen += 1
+            answer = RESPONSE_DELTAS[kind]
+            text = event.get("delta") or ""
+            self.times[0].append(_Piece(t, None, bool(text), answer and bool(text)))
+            self.texts[0] += [text] if text else []
+        elif kind == "response.completed":
+            usage = (event.get("response") or {}).get("usage") or {}
+            self.prompt_tokens, self.completion_tokens = usage.get("input_tokens"), usage.get("output_tokens")
+            self.cached_tokens = (usage.get("input_tokens_details") or {}).get("cached_tokens")
+            self.done = True
+        elif kind in ("response.failed", "error"):
+            error = (event.get("response") or {}).get("error") or event.get("message") or event
+            self.error = f"server error in stream: {error}"
 
     def empty_reason(self, k: int) -> str:
         """Why choice `k` failed although the stream raised nothing: it carried no token (a sequence with
@@ -558,6 +599,10 @@ def _texts(choice: Mapping[str, Any]) -> tuple[str | None, str | None]:
     calls = "".join((c.get("function") or {}).get("arguments") or "" for c in delta.get("tool_calls") or ())
     return delta.get("content") or calls or None, delta.get("reasoning") or delta.get("reasoning_content")
 
+
+# the Responses API's events that carry generated text, and whether it is the answer's (reasoning is not)
+RESPONSE_DELTAS = {"response.output_text.delta": True, "response.function_call_arguments.delta": True,
+                   "response.reasoning_text.delta": False}
 
 _BY_TOKENIZER = "the model's tokenizer over the streamed text (the server reports no usage)"
 # the least time between two scrapes sent at first tokens (poke): a burst of arrivals gets one
