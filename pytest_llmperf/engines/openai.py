@@ -534,8 +534,8 @@ class _Stream:
 
     def _feed_response_event(self, event: Mapping[str, Any], t: float) -> None:
         """One Responses API event: text deltas (the answer's, a function call's arguments, or reasoning)
-        are chunks; `response.completed` carries the usage and ends the stream, `response.failed` and
-        `error` fail it."""
+        are chunks; `response.completed` (vLLM's end, also at max_output_tokens) or `response.incomplete`
+        (OpenAI's there) carries the usage and ends the stream; `response.failed` and `error` fail it."""
         kind = event["type"]
         if kind in RESPONSE_DELTAS:
             self.chunks_seen += 1
@@ -543,7 +543,7 @@ class _Stream:
             text = event.get("delta") or ""
             self.times[0].append(_Piece(t, None, bool(text), answer and bool(text)))
             self.texts[0] += [text] if text else []
-        elif kind == "response.completed":
+        elif kind in ("response.completed", "response.incomplete"):  # incomplete: max_output_tokens reached
             usage = (event.get("response") or {}).get("usage") or {}
             self.prompt_tokens, self.completion_tokens = usage.get("input_tokens"), usage.get("output_tokens")
             self.cached_tokens = (usage.get("input_tokens_details") or {}).get("cached_tokens")
