@@ -1,6 +1,7 @@
-"""A FAKE OpenAI-compatible server for testing the HTTP engine's error handling only (pure plugin
-mechanics: refused, 5xx, cut streams, timeouts). It is never evidence that the engine works with a
-real server; tests/test_openai_engine.py runs a real `vllm serve` for that."""
+"""A FAKE OpenAI-compatible server for testing the HTTP engine's mechanics only: error handling (refused,
+5xx, cut streams, timeouts, dropped connections) and the stream shapes a real server is hard to make send on
+demand (reasoning then an answer, tool calls, the Responses API's events). It is never evidence that the
+engine works with a real server; tests/test_openai_engine.py runs a real `vllm serve` for that."""
 
 from __future__ import annotations
 
