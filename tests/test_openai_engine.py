@@ -199,6 +199,7 @@ def test_reasoning_streamed_apart_from_the_answer_is_output_and_the_answer_keeps
     timed where it arrived (counting only the answer would date TTFT at the answer and pile the reasoning's
     tokens on its last chunk). Time to first output (TTFO) keeps when the answer began. A tool call's
     arguments, streamed with no content, are the answer's tokens."""
+    from pytest_llmperf import assertions
     from pytest_llmperf.metrics import sequence_metrics, summarize
 
     server = FakeServer({11: "reasoning", 12: "reasoning only", 13: "tool call", **dict.fromkeys(range(20, 28), "reasoning")})
@@ -223,8 +224,6 @@ def test_reasoning_streamed_apart_from_the_answer_is_output_and_the_answer_keeps
     assert result.goodput(ttfo=1e9) == pytest.approx(3 / result.duration_s)
     # a limit on it: max_p50_ms(ttfo=...) judges when the answers began (bounds from the values measured: no
     # timing is asserted; below all eight, even the lower end of the median's interval is over it)
-    from pytest_llmperf import assertions
-
     answers = [s.ttfo for s in thinking.sequences]
     bounds = (max(answers) + 1, min(answers) - 0.001)
     loose, tight = (assertions.parse("max_p50_ms", (), {"ttfo": bound}, "cpu") for bound in bounds)
