@@ -98,6 +98,10 @@ class _Handler(BaseHTTPRequestHandler):
         for i in range(n):
             if fault == "cut" and i == 2:
                 return
+            if fault == "failed" and i == 1:  # the server gave up after a token, as a failed response says
+                error = {"code": "server_error", "message": "boom"}
+                self._event({"type": "response.failed", "response": {"id": "resp_1", "error": error}}, "response.failed")
+                return
             thinking = fault == "reasoning" and i < n // 2
             kind = "response.reasoning_text.delta" if thinking else "response.output_text.delta"
             time.sleep(0.01)
@@ -124,7 +128,7 @@ class FakeServer:
     """`faults` maps a prompt length (a chat prompt's: its words) to "500", "cut", "slow", "empty", "drop" (the
     connection closed before any answer), "drop once" (so the first time only), or for chat "reasoning" (half
     the tokens streamed as reasoning first), "reasoning only" and "tool call" (the Responses API, at
-    /v1/responses, takes "reasoning" and "cut"); every other request succeeds. `/health`
+    /v1/responses, takes "reasoning", "cut" and "failed"); every other request succeeds. `/health`
     answers 404 (a server without one) until `health` is set to a status."""
 
     def __init__(self, faults: dict[int, str]):

@@ -233,20 +233,21 @@ def test_reasoning_streamed_apart_from_the_answer_is_output_and_the_answer_keeps
 
 def test_the_responses_api_is_streamed_with_reasoning_usage_and_a_cut_named(openai_engine_factory):
     """The fake server (plugin mechanics: the Responses API's typed events as vLLM streams them)."""
-    server = FakeServer({11: "reasoning", 12: "cut"})
+    server = FakeServer({11: "reasoning", 12: "cut", 13: "failed"})
     try:
         engine = openai_engine_factory(base_url=server.base_url, endpoint="responses", vocab_size=1000)
-        trace = engine.run(Workload(tuple(Request(p, 6) for p in (10, 11, 12)), seed=1))
+        trace = engine.run(Workload(tuple(Request(p, 6) for p in (10, 11, 12, 13)), seed=1))
         with pytest.raises(EngineError, match="the Responses API generates one sequence a request"):
             engine.run(Workload((Request(10, 6, n=2),), seed=1))
     finally:
         server.stop()
-    plain, reasoned, cut = trace.sequences
+    plain, reasoned, cut, failed = trace.sequences
     assert engine.config["prompt"] == "text input (Responses API)"
     assert engine.config["token_counts"] == "usage at the end of each stream"
     assert [c.n_tokens for c in plain.chunks] == [1] * 6 and (plain.prompt_len, plain.reasoning) == (10, False)
     assert reasoned.reasoning and reasoned.answer_t == reasoned.chunks[3].t and reasoned.output_tokens == 6
     assert cut.error == "stream cut after 2 chunks (no response.completed)"
+    assert failed.error == "server error in stream: {'code': 'server_error', 'message': 'boom'}"
 
 
 def test_a_result_with_reasoning_reports_its_time_to_first_output(pytester):

@@ -405,7 +405,7 @@ class OpenAIEngine(Engine):
                     stream.feed(line, time.perf_counter())
                     if seen == 0 and stream.chunks_seen:
                         on_first_token()
-                if not stream.done:
+                if not stream.done and stream.error is None:  # an error the server streamed says more
                     end = "response.completed" if self._cfg["endpoint"] == "responses" else "[DONE]"
                     stream.error = f"stream cut after {stream.chunks_seen} chunks (no {end})"
         except (self._httpx.ReadError, self._httpx.WriteError, self._httpx.RemoteProtocolError) as e:
