@@ -343,18 +343,32 @@ def served(llmperf_session, tmp_path_factory):
     vLLM's own process topology on the CPU, which conftest.py trims for the other tests: the model in a
     worker process of its own, the one whose thread binding the KV-usage test below is about. Its chat
     answers go through a reasoning parser (DeepSeek-R1's: everything before `</think>` is reasoning),
-    as a reasoning model's server would stream them."""
+    as a reasoning model's server would stream them. The first port it is offered is taken (a listening
+    socket held here), as another process can take it before vllm serve binds it: the start must try again."""
+    import socket
+
+    from pytest_llmperf.engines import vllm_server
     from pytest_llmperf.engines.vllm import _is_cpu_build
-    from pytest_llmperf.engines.vllm_server import VLLMServer
 
     vllm = pytest.importorskip("vllm")
     options = {**llmperf_session.server_options, "reasoning_parser": "deepseek_r1"}
-    with pytest.MonkeyPatch.context() as env:
+    with pytest.MonkeyPatch.context() as env, socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken, free = iter([held.getsockname()[1]]), vllm_server.free_port
+        env.setattr(vllm_server, "free_port", lambda: next(taken, None) or free())
         env.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-        server = VLLMServer(llmperf_session.model(), options, tmp_path_factory.mktemp("vllm-serve"),
-                            cpu=_is_cpu_build(vllm))
+        server = vllm_server.VLLMServer(llmperf_session.model(), options, tmp_path_factory.mktemp("vllm-serve"),
+                                        cpu=_is_cpu_build(vllm))
     yield server
     server.stop()
+
+
+def test_a_port_taken_before_vllm_serve_bound_it_is_tried_again(served):
+    """(A fresh clone's `make test` met it, 2026-12-06: "OSError: [Errno 98] Address already in use".)"""
+    logs = {p.name: p.read_text(errors="replace") for p in served.log_path.parent.glob("vllm-serve-*.log")}
+    assert len(logs) == 2 and sum("Address already in use" in text for text in logs.values()) == 1, list(logs)
+    assert f"vllm-serve-{served.port}.log" in logs and served.alive
 
 
 def test_streams_from_a_real_vllm_server_with_exact_token_counts(served, openai_engine_factory, llmperf):

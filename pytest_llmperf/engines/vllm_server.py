@@ -41,6 +41,9 @@ def server_env(cpu: bool, environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+PORT_TRIES = 3  # starts of vllm serve whose port another process took before it bound it
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -70,6 +73,21 @@ class VLLMServer:
         self._launch()
 
     def _launch(self) -> None:
+        """Starts the server and waits until it answers. The port is free when chosen, but vllm serve binds it
+        only after its imports, seconds later, and on a busy runner another process (a vLLM engine's own
+        sockets among them) can take it meanwhile: a start that failed so is tried again on a new port."""
+        for attempt in range(PORT_TRIES):
+            self._start_process()
+            try:
+                self._wait_ready(self._startup_timeout_s)
+                return
+            except BaseException:
+                taken = self._proc.poll() is not None and "Address already in use" in self.log_tail()
+                self.stop()
+                if not taken or attempt == PORT_TRIES - 1:
+                    raise
+
+    def _start_process(self) -> None:
         model, cpu = self.model, self._cpu
         self.port = free_port()
         self.log_path = self._log_dir / f"vllm-serve-{self.port}.log"
@@ -86,11 +104,6 @@ class VLLMServer:
         self._log = open(self.log_path, "w")  # noqa: SIM115 - lives as long as the server
         self._proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                       start_new_session=True)
-        try:
-            self._wait_ready(self._startup_timeout_s)
-        except BaseException:
-            self.stop()
-            raise
 
     def restart(self) -> None:
         """A fresh server in place of one that died (on a new port: `base_url` changes)."""
