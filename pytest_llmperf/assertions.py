@@ -15,8 +15,8 @@ from typing import Any
 
 from . import quantiles
 from .formatting import number
-from .metrics import PerfResult, SequenceMetrics
-from .sweep import LATENCY_METRIC_NAMES, Sweep, throughput_per_gib, unknown_latency_metrics
+from .metrics import PerfResult, SequenceMetrics, throughput_per_gib
+from .sweep import LATENCY_METRIC_NAMES, Sweep, unknown_latency_metrics
 
 
 class MarkerError(Exception):

@@ -253,8 +253,7 @@ def flat_metrics(r: PerfResult) -> dict[str, float | None]:
         output_tokens_per_s=r.throughput.output_tokens_per_s,
         total_tokens_per_s=r.throughput.total_tokens_per_s,
         requests_per_s=r.throughput.requests_per_s,
-        output_tokens_per_s_per_gib=(r.throughput.output_tokens_per_s / r.gpu.memory_peak_all_gib
-                                     if r.gpu.memory_peak_all_gib else None),
+        output_tokens_per_s_per_gib=throughput_per_gib(r),
         error_rate=r.error_rate,
         duration_s=r.duration_s,
     )
@@ -265,6 +264,14 @@ def flat_metrics(r: PerfResult) -> dict[str, float | None]:
               "memory_per_request_mib", "roofline_fraction"):
         out[f"gpu_{k}"] = getattr(r.gpu, k)
     return out
+
+
+def throughput_per_gib(r: PerfResult) -> float | None:
+    """Output tokens/s per GiB of device memory at the peak, over all the engine's GPUs at once (None without
+    NVML): one card's peak would flatter a tensor-parallel engine by its number of cards. A sweep's curve
+    and a plain run are judged by this one definition."""
+    peak = r.gpu.memory_peak_all_gib
+    return r.throughput.output_tokens_per_s / peak if peak else None
 
 
 # -- per trace -------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .metrics import LATENCY_METRIC_NAMES, PerfResult
+from .metrics import LATENCY_METRIC_NAMES, PerfResult, throughput_per_gib
 
 
 @dataclass(frozen=True)
@@ -93,10 +93,3 @@ def holds(result: PerfResult, limits: Mapping[str, float]) -> bool:
             return False
     return True
 
-
-def throughput_per_gib(result: PerfResult) -> float | None:
-    """Output tokens/s per GiB of device memory at the peak, over all the engine's GPUs at once (None without
-    NVML): the flat metric `output_tokens_per_s_per_gib`'s definition, so that a curve's point and a plain
-    run are judged alike (one card's peak would flatter a tensor-parallel engine by its number of cards)."""
-    peak = result.gpu.memory_peak_all_gib
-    return result.throughput.output_tokens_per_s / peak if peak else None
