@@ -132,7 +132,7 @@ def unfailable(default: float, per_metric: Mapping[str, float]) -> dict[str, flo
     unless named: exact, or reported)."""
     rates = (m for m, higher in COMPARED.items()
              if higher and ((m in GATED_BY_DEFAULT and m not in PAGING) or m in per_metric))
-    return {m: per_metric.get(m, default) for m in rates if per_metric.get(m, default) >= 1}
+    return {m: t for m in rates if (t := per_metric.get(m, default)) >= 1}
 
 
 class BaselineError(Exception):

@@ -153,8 +153,10 @@ class OpenAIEngine(Engine):
 
     def _probe_once(self) -> tuple[int, _Stream | None]:
         body = self._payload(Workload.offline(1, prompt_len=3, output_len=2, seed=0), 0, 0)
-        if self._cfg["ignore_eos"]:
-            body.update(ignore_eos=False, **({} if self._cfg["endpoint"] == "responses" else {"min_tokens": 0}))
+        if self._cfg["ignore_eos"]:  # the probe's two tokens may end early: undo what the payload asked
+            body["ignore_eos"] = False
+            if "min_tokens" in body:
+                body["min_tokens"] = 0
         stream = _Stream(1)
         try:
             with self._httpx.stream("POST", self._url(), json=body, headers=self._headers(), timeout=60) as r:
@@ -574,7 +576,6 @@ class _Stream:
         if kept and total is not None:
             kept[-1] = (kept[-1][0], max(1, total - (len(kept) - 1)))
         return [Chunk(t, c) for t, c in kept]
-
 
     def reasoning(self, k: int) -> bool:
         """Whether choice `k` began with reasoning the server streamed apart from the answer (`_texts`)."""
