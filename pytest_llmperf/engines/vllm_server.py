@@ -22,7 +22,7 @@ from typing import Any
 
 from ..models import ModelSpec
 from .base import EngineError, need
-from .vllm import CPU_ENV
+from .vllm import CPU_ENV, own_socket_folder
 
 CPU_DEFAULTS = {"block_size": 32}
 # On a CPU build vLLM pins its worker's OpenMP threads to the cores it finds and keeps one more for the
@@ -98,6 +98,7 @@ class VLLMServer:
             args += ["--load-format", "dummy"]
             defaults["max_model_len"] = min(model.max_position_embeddings or 4096, 4096)
         args += flags({**defaults, **self._options})
+        own_socket_folder()
         env = server_env(cpu, os.environ)
         self.command = args
         self._log_dir.mkdir(parents=True, exist_ok=True)
