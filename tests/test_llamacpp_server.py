@@ -107,3 +107,25 @@ def test_a_server_killed_mid_run_fails_the_run_and_a_refusing_one_fails_the_next
             engine.run(long)
     finally:
         server.stop()
+
+
+def test_a_port_taken_before_llama_server_bound_it_is_tried_again(model, tmp_path, monkeypatch):
+    """The port is free when chosen and another process takes it before llama-server binds it: the start
+    is tried again on a new port (local_server.py), as for vllm serve."""
+    import socket
+
+    from pytest_llmperf.engines import local_server
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        first = held.getsockname()[1]
+        taken, free = iter([first]), local_server.free_port
+        monkeypatch.setattr(local_server, "free_port", lambda: next(taken, None) or free())
+        server = LlamaCppServer(BINARY, model, tmp_path)
+    try:
+        logs = {p.name: p.read_text(errors="replace") for p in tmp_path.glob("llama-server-*.log")}
+        assert len(logs) == 2 and sum(LlamaCppServer.port_taken in text for text in logs.values()) == 1, logs
+        assert server.alive and server.port != first
+    finally:
+        server.stop()

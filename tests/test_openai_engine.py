@@ -347,7 +347,7 @@ def served(llmperf_session, tmp_path_factory):
     socket held here), as another process can take it before vllm serve binds it: the start must try again."""
     import socket
 
-    from pytest_llmperf.engines import vllm_server
+    from pytest_llmperf.engines import local_server, vllm_server
     from pytest_llmperf.engines.vllm import _is_cpu_build
 
     vllm = pytest.importorskip("vllm")
@@ -355,8 +355,8 @@ def served(llmperf_session, tmp_path_factory):
     with pytest.MonkeyPatch.context() as env, socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
-        taken, free = iter([held.getsockname()[1]]), vllm_server.free_port
-        env.setattr(vllm_server, "free_port", lambda: next(taken, None) or free())
+        taken, free = iter([held.getsockname()[1]]), local_server.free_port
+        env.setattr(local_server, "free_port", lambda: next(taken, None) or free())
         env.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
         server = vllm_server.VLLMServer(llmperf_session.model(), options, tmp_path_factory.mktemp("vllm-serve"),
                                         cpu=_is_cpu_build(vllm))

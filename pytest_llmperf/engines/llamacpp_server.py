@@ -14,17 +14,11 @@ target only) and names it in LLMPERF_LLAMA_SERVER.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import os
-import signal
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
-from .base import EngineError, need
-from .vllm_server import free_port
+from .base import need
+from .local_server import LocalServer, flags
 
 VOCAB = 256  # word tokens: ids 0..VOCAB-1
 BINARY_ENV = "LLMPERF_LLAMA_SERVER"
@@ -91,82 +85,21 @@ def write_tiny_llama_gguf(path: Path, *, layers: int = 2, hidden: int = 64, head
     return path
 
 
-class LlamaCppServer:
-    """`llama-server --metrics` for one GGUF model; `base_url`, `log_path`, `stop()`, `restart()` as the
-    vllm_server fixture's server has. Options become flags (`{"parallel": 4}` -> `--parallel 4`)."""
+class LlamaCppServer(LocalServer):
+    """`llama-server --metrics` for one GGUF model (local_server.py); `base_url`, `log_path`, `stop()`,
+    `restart()` as the vllm_server fixture's server has. Options become flags (`{"parallel": 4}` -> `--parallel 4`)."""
 
+    name = "llama-server"
+    port_taken = "couldn't bind HTTP server socket"
+    stop_timeout_s = 15.0
     DEFAULTS: dict[str, Any] = {"ctx_size": 4096, "parallel": 4, "threads": 2, "alias": "tiny-llama"}
 
     def __init__(self, binary: str | Path, model: Path, log_dir: Path, options: dict[str, Any] | None = None,
                  startup_timeout_s: float = 120.0) -> None:
-        self.binary, self.model, self._log_dir = str(binary), model, log_dir
+        self.binary, self.model = str(binary), model
         self._options = {**self.DEFAULTS, **(options or {})}
-        self._startup_timeout_s = startup_timeout_s
-        atexit.register(self.stop)
-        self._launch()
+        super().__init__(log_dir, startup_timeout_s)
 
-    def _launch(self) -> None:
-        from .vllm_server import flags
-
-        self.port = free_port()
-        self.log_path = self._log_dir / f"llama-server-{self.port}.log"
-        self.command = [self.binary, "--model", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
-                        "--metrics", *flags(self._options)]
-        self._log_dir.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "w")  # noqa: SIM115 - lives as long as the server
-        self._proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _wait_ready(self) -> None:
-        httpx = need("httpx", "openai")
-        deadline = time.monotonic() + self._startup_timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise EngineError(f"llama-server exited with code {self._proc.returncode} while starting:\n"
-                                  f"{self.log_tail()}\n(full log: {self.log_path})")
-            with contextlib.suppress(httpx.HTTPError):  # 503 while the model loads
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200:
-                    return
-            time.sleep(0.2)
-        raise EngineError(f"llama-server did not answer /health within {self._startup_timeout_s:.0f}s:\n"
-                          f"{self.log_tail()}")
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    @property
-    def alive(self) -> bool:
-        return self._proc.poll() is None
-
-    def restart(self) -> None:
-        self.stop()
-        self._launch()
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def stop(self) -> None:
-        if self._proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._proc.pid, signal.SIGTERM)
-            try:
-                self._proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self._proc.pid, signal.SIGKILL)
-                self._proc.wait(timeout=10)
-        if not self._log.closed:
-            self._log.close()
+    def _command(self, port: int) -> list[str]:
+        return [self.binary, "--model", str(self.model), "--host", "127.0.0.1", "--port", str(port), "--metrics",
+                *flags(self._options)]

@@ -1,27 +1,21 @@
-"""`vllm serve` as a subprocess on a free loopback port, for the HTTP engine to measure.
+"""`vllm serve` as a subprocess on a free loopback port (local_server.py), for the HTTP engine to measure.
 
 A model shape runs with dummy weights and its word tokenizer (models.word_tokenizer), so the server
-takes token-id, text and chat requests and streams text as a real deployment would. The server runs
-in its own process group so that stopping it stops its engine-core children too; `stop()` is safe to
-call twice and also runs at interpreter exit.
+takes token-id, text and chat requests and streams text as a real deployment would. Stopping it stops
+its engine-core children too (its process group).
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..models import ModelSpec
-from .base import EngineError, need
+from .base import need
+from .local_server import LocalServer, flags
 from .vllm import CPU_ENV, own_socket_folder
 
 CPU_DEFAULTS = {"block_size": 32}
@@ -41,91 +35,28 @@ def server_env(cpu: bool, environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-PORT_TRIES = 3  # starts of vllm serve whose port another process took before it bound it
+class VLLMServer(LocalServer):
+    name = "vllm serve"
+    port_taken = "Address already in use"
+    poll_s = 0.5
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def flags(options: dict[str, Any]) -> list[str]:
-    """Engine options as `vllm serve` flags: True -> --flag, False -> --no-flag, else --flag value."""
-    out: list[str] = []
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            out.append(flag)
-        elif value is False:
-            out.append("--no-" + key.replace("_", "-"))
-        elif value is not None:
-            out += [flag, str(value)]
-    return out
-
-
-class VLLMServer:
     def __init__(self, model: ModelSpec, options: dict[str, Any], log_dir: Path, cpu: bool,
                  startup_timeout_s: float = 300.0) -> None:
-        self.model = model
-        self._options, self._log_dir, self._cpu, self._startup_timeout_s = options, log_dir, cpu, startup_timeout_s
-        atexit.register(self.stop)
-        self._launch()
+        self.model, self._options, self._cpu = model, options, cpu
+        super().__init__(log_dir, startup_timeout_s)
 
-    def _launch(self) -> None:
-        """Starts the server and waits until it answers. The port is free when chosen, but vllm serve binds it
-        only after its imports, seconds later, and on a busy runner another process (a vLLM engine's own
-        sockets among them) can take it meanwhile: a start that failed so is tried again on a new port."""
-        for attempt in range(PORT_TRIES):
-            self._start_process()
-            try:
-                self._wait_ready(self._startup_timeout_s)
-                return
-            except BaseException:
-                taken = self._proc.poll() is not None and "Address already in use" in self.log_tail()
-                self.stop()
-                if not taken or attempt == PORT_TRIES - 1:
-                    raise
-
-    def _start_process(self) -> None:
-        model, cpu = self.model, self._cpu
-        self.port = free_port()
-        self.log_path = self._log_dir / f"vllm-serve-{self.port}.log"
-        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model.path,
-                "--host", "127.0.0.1", "--port", str(self.port), "--disable-uvicorn-access-log"]
-        defaults: dict[str, Any] = dict(CPU_DEFAULTS) if cpu else {}
-        if model.is_shape:
+    def _command(self, port: int) -> list[str]:
+        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model.path,
+                "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log"]
+        defaults: dict[str, Any] = dict(CPU_DEFAULTS) if self._cpu else {}
+        if self.model.is_shape:
             args += ["--load-format", "dummy"]
-            defaults["max_model_len"] = min(model.max_position_embeddings or 4096, 4096)
-        args += flags({**defaults, **self._options})
+            defaults["max_model_len"] = min(self.model.max_position_embeddings or 4096, 4096)
+        return args + flags({**defaults, **self._options})
+
+    def _env(self) -> dict[str, str]:
         own_socket_folder()
-        env = server_env(cpu, os.environ)
-        self.command = args
-        self._log_dir.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "w")  # noqa: SIM115 - lives as long as the server
-        self._proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                      start_new_session=True)
-
-    def restart(self) -> None:
-        """A fresh server in place of one that died (on a new port: `base_url` changes)."""
-        self.stop()
-        self._launch()
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._proc.poll()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    @property
-    def alive(self) -> bool:
-        return self._proc.poll() is None
+        return server_env(self._cpu, os.environ)
 
     def down_reason(self) -> str | None:
         """Why this server cannot serve the next test, or None. An engine core that died (the OOM
@@ -144,36 +75,3 @@ class VLLMServer:
             reason = f"was running but answered /health with HTTP {status} (its engine core died)"
         self.stop()
         return reason
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        httpx = need("httpx", "openai")
-
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise EngineError(f"vllm serve exited with code {self._proc.returncode} while starting:\n"
-                                  f"{self.log_tail()}\n(full log: {self.log_path})")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200:
-                    return
-            time.sleep(0.5)
-        raise EngineError(f"vllm serve did not answer /health within {timeout_s:.0f}s:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def stop(self) -> None:
-        if self._proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._proc.pid, signal.SIGTERM)
-            try:
-                self._proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self._proc.pid, signal.SIGKILL)
-                self._proc.wait(timeout=10)
-        if not self._log.closed:
-            self._log.close()
