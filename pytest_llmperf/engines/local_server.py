@@ -112,6 +112,10 @@ class LocalServer:
             return "(no log)"
 
     def stop(self) -> None:
+        if getattr(self, "_proc", None) is None:  # its command could not even be run (a missing binary)
+            if getattr(self, "_log", None) is not None:
+                self._log.close()
+            return
         if self._proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._proc.pid, signal.SIGTERM)
