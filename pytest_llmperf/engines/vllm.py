@@ -259,10 +259,6 @@ class VLLMEngine(Engine):
             raise EngineError(f"vLLM {self.version} is too old: pytest-llmperf needs the v1 engine, vLLM >= 0.10")
         self.model = model
         self._cpu = _is_cpu_build(vllm)
-        # the recorder's file, in a folder of this engine's own that its shutdown removes
-        self._scratch = tempfile.TemporaryDirectory(prefix="llmperf-kv-")
-        self._trace_path = os.path.join(self._scratch.name, "kv.csv")
-        open(self._trace_path, "w").close()
         self._trace_offset = 0
         self._counters = (0, 0, 0)  # preemptions, prefix queries, prefix hits seen at the end of the last run
         self._cost_seen = 0  # the recorder's cumulative cost (ns) at the end of the last run
@@ -278,6 +274,10 @@ class VLLMEngine(Engine):
         if self._defaults not in USAGE_CONTEXTS:
             raise EngineError(f"{DEFAULTS_OPTION}={self._defaults!r}: choose 'serve' (vLLM's defaults for `vllm serve`) "
                               "or 'llm' (its defaults for the offline `vllm.LLM`)")
+        # the recorder's file, in a folder of this engine's own that its shutdown (or a failed start) removes
+        self._scratch = tempfile.TemporaryDirectory(prefix="llmperf-kv-")
+        self._trace_path = os.path.join(self._scratch.name, "kv.csv")
+        open(self._trace_path, "w").close()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="llmperf-vllm-loop", daemon=True)
         self._thread.start()
