@@ -19,6 +19,7 @@ of 0.10.0-0.33.0 (research/vllm-internals.md) and of 0.34.0 (its wheel, 2026-12-
   chosen: vllm_sampler.py), which writes per-step KV samples to a file the test
   process reads after each run (engine-core runs in its own process).
 - `reset_prefix_cache()` before each run so that a run never hits blocks cached by an earlier one.
+- `VLLM_RPC_BASE_PATH`: the folder vLLM names its ZMQ sockets in (0.26 on the H200, 0.32 on the CPU).
 
 The engine runs its own asyncio loop in a background thread: AsyncLLM binds its output handler to the
 loop it first runs on, so one loop serves every run of the engine's life.
