@@ -92,4 +92,3 @@ def holds(result: PerfResult, limits: Mapping[str, float]) -> bool:
         if value > bound:
             return False
     return True
-

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from ports import first_port_taken
 
 from pytest_llmperf import Workload
 from pytest_llmperf.engines.base import EngineError
@@ -112,16 +113,7 @@ def test_a_server_killed_mid_run_fails_the_run_and_a_refusing_one_fails_the_next
 def test_a_port_taken_before_llama_server_bound_it_is_tried_again(model, tmp_path, monkeypatch):
     """The port is free when chosen and another process takes it before llama-server binds it: the start
     is tried again on a new port (local_server.py), as for vllm serve."""
-    import socket
-
-    from pytest_llmperf.engines import local_server
-
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        first = held.getsockname()[1]
-        taken, free = iter([first]), local_server.free_port
-        monkeypatch.setattr(local_server, "free_port", lambda: next(taken, None) or free())
+    with first_port_taken(monkeypatch) as first:
         server = LlamaCppServer(BINARY, model, tmp_path)
     try:
         logs = {p.name: p.read_text(errors="replace") for p in tmp_path.glob("llama-server-*.log")}

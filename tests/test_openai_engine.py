@@ -12,6 +12,7 @@ import time
 import psutil
 import pytest
 from fake_openai_server import FakeServer
+from ports import first_port_taken
 
 from pytest_llmperf import Request, Workload
 from pytest_llmperf.engines.base import EngineError
@@ -147,6 +148,7 @@ def test_failed_requests_fail_the_test_unless_allowed(pytester):
     pytester.makepyfile(test_e="""
 import pytest
 from fake_openai_server import FakeServer
+from ports import first_port_taken
 from pytest_llmperf import Request, Workload
 
 W = Workload(tuple(Request(p, 3) for p in (10, 11, 12, 14)), seed=1)
@@ -176,6 +178,7 @@ def test_a_test_whose_requests_were_sent_again_says_so_in_its_report(pytester):
     pytester.makeconftest(f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})")
     pytester.makepyfile(test_r="""
 from fake_openai_server import FakeServer
+from ports import first_port_taken
 from pytest_llmperf import Request, Workload
 
 def test_resent(openai_engine_factory, llmperf):
@@ -254,6 +257,7 @@ def test_a_result_with_reasoning_reports_its_time_to_first_output(pytester):
     pytester.makeconftest(f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})")
     pytester.makepyfile(test_t="""
 from fake_openai_server import FakeServer
+from ports import first_port_taken
 from pytest_llmperf import Request, Workload
 
 def test_think(openai_engine_factory, llmperf):
@@ -345,18 +349,12 @@ def served(llmperf_session, tmp_path_factory):
     answers go through a reasoning parser (DeepSeek-R1's: everything before `</think>` is reasoning),
     as a reasoning model's server would stream them. The first port it is offered is taken (a listening
     socket held here), as another process can take it before vllm serve binds it: the start must try again."""
-    import socket
-
-    from pytest_llmperf.engines import local_server, vllm_server
+    from pytest_llmperf.engines import vllm_server
     from pytest_llmperf.engines.vllm import _is_cpu_build
 
     vllm = pytest.importorskip("vllm")
     options = {**llmperf_session.server_options, "reasoning_parser": "deepseek_r1"}
-    with pytest.MonkeyPatch.context() as env, socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        taken, free = iter([held.getsockname()[1]]), local_server.free_port
-        env.setattr(local_server, "free_port", lambda: next(taken, None) or free())
+    with pytest.MonkeyPatch.context() as env, first_port_taken(env):
         env.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
         server = vllm_server.VLLMServer(llmperf_session.model(), options, tmp_path_factory.mktemp("vllm-serve"),
                                         cpu=_is_cpu_build(vllm))

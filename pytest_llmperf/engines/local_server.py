@@ -55,8 +55,8 @@ class LocalServer:
 
     def __init__(self, log_dir: Path, startup_timeout_s: float) -> None:
         self._log_dir, self._startup_timeout_s = log_dir, startup_timeout_s
+        self._launch()  # a start that fails stops what it started
         atexit.register(self.stop)
-        self._launch()
 
     def _command(self, port: int) -> list[str]:
         raise NotImplementedError
@@ -83,8 +83,12 @@ class LocalServer:
         self.log_path = self._log_dir / f"{self.name.replace(' ', '-')}-{self.port}.log"
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w")  # noqa: SIM115 - lives as long as the server
-        self._proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=self._env(),
-                                      start_new_session=True)
+        try:
+            self._proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=self._env(),
+                                          start_new_session=True)
+        except BaseException:  # its command cannot be run (a missing binary): nothing started
+            self._log.close()
+            raise
 
     def _wait_ready(self) -> None:
         httpx = need("httpx", "openai")
@@ -112,10 +116,6 @@ class LocalServer:
             return "(no log)"
 
     def stop(self) -> None:
-        if getattr(self, "_proc", None) is None:  # its command could not even be run (a missing binary)
-            if getattr(self, "_log", None) is not None:
-                self._log.close()
-            return
         if self._proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._proc.pid, signal.SIGTERM)

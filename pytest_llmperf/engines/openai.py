@@ -311,9 +311,9 @@ class OpenAIEngine(Engine):
         return trace, (found[0] if found else None)
 
     def _payload(self, workload: Workload, i: int, salt: int) -> dict[str, Any]:
-        req = workload.requests[i]
         if self._cfg["endpoint"] == "responses":
             return self._response_payload(workload, i, salt)
+        req = workload.requests[i]
         body: dict[str, Any] = {"model": self._served_model, "max_tokens": req.output_len, "n": req.n,
                                 "stream": True, "stream_options": {"include_usage": True},
                                 "temperature": 0.0 if req.n == 1 else 1.0}
