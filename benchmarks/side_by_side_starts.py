@@ -17,10 +17,16 @@ reading the plugin would have to take for a memory baseline recorded alone to st
 
     source .gpukit/env.sh && python3 benchmarks/side_by_side_starts.py   # on a GPU machine with vLLM
 
+`--threads` (any machine, this CPU included): two of those engines (block32, preempt) started side by side
+in threads of this one process, as the plugin's pool would have to, each then running the preemption test's
+workload: whether each engine's paging recorder still sees its own engine (the preemption engine preempts,
+the other does not).
+
 The last line is the JSON row (`_emit`)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -122,6 +128,48 @@ def run_on(child: Child, handle: Any) -> int:
     return s.peak
 
 
+def in_threads() -> None:
+    """Two engines started at once in threads of this process; each one's paging read back."""
+    from pytest_llmperf import Workload
+    from pytest_llmperf.engines.vllm import VLLMEngine
+    from pytest_llmperf.metrics import kv_stats
+    from pytest_llmperf.models import resolve_model
+
+    model = resolve_model("shape:tiny-llama")
+    engines: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
+
+    def start(name: str) -> None:
+        t = time.monotonic()
+        try:
+            engines[name] = VLLMEngine(model, {"enforce_eager": True, **CONFIGS[name]})
+        finally:
+            seconds[name] = time.monotonic() - t
+
+    began = time.monotonic()
+    threads = [threading.Thread(target=start, args=(n,)) for n in ("block32", "preempt")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    both = time.monotonic() - began
+    seen: dict[str, str] = {}
+    workload = Workload.offline(32, prompt_len=(64, 256), output_len=(128, 256), seed=22)
+    for name, engine in engines.items():
+        try:
+            kv = kv_stats(engine.run(workload))
+            seen[name] = f"preemptions {kv.preemptions}, blocks peak {kv.blocks_peak}"
+        except Exception as e:  # noqa: BLE001 - what a shared recorder does is the finding
+            seen[name] = f"{type(e).__name__}: {str(e)[:160]}"
+        finally:
+            engine.shutdown()
+    for name in seconds:
+        print(f"{name}: started in {seconds[name]:.1f} s; its run: {seen.get(name, 'did not start')}")
+    print(f"both ready after {both:.1f} s")
+    emit("side_by_side_starts", {"threads": True, "both_ready_s": round(both, 2),
+                                 "start_s": {n: round(v, 2) for n, v in seconds.items()}, "paging": seen})
+
+
 def main() -> None:
     import pynvml
 
@@ -186,4 +234,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", action="store_true", help="two engines in threads of this process (any machine)")
+    in_threads() if parser.parse_args().threads else main()

@@ -27,11 +27,11 @@ VARIABLE = Workload.offline(48, prompt_len=(8, 600), output_len=(8, 300), seed=2
 @pytest.mark.max_kv_fragmentation(0.25)
 @pytest.mark.max_kv_fragmentation(0.15, stat="mean")
 @pytest.mark.max_preemptions(0)
-def test_fragmentation_under_variable_lengths(vllm_engine_factory, llmperf, block_size):
-    """Internal fragmentation is bounded by the last, partly filled block of each request."""
-    # 32k token slots: the whole batch fits, so fragmentation is measured without preemption
-    engine = vllm_engine_factory(block_size=block_size, num_gpu_blocks_override=2 * BUDGET * 32 // block_size, **EAGER)
-    llmperf.run(engine, VARIABLE, label=f"block{block_size}")
+def test_fragmentation_under_variable_lengths(vllm_engine, llmperf, block_size):
+    """Internal fragmentation is bounded by the last, partly filled block of each request. Each block size's
+    engine has 32k token slots (conftest.py): the whole batch fits, so fragmentation is measured without
+    preemption."""
+    llmperf.run(vllm_engine, VARIABLE, label=f"block{block_size}")
 
 
 @pytest.mark.llmperf_engine(block_size=32, num_gpu_blocks_override=48, max_model_len=1024)

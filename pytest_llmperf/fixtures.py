@@ -35,7 +35,7 @@ def llmperf(request: pytest.FixtureRequest, llmperf_session: Session) -> LLMPerf
     results to this test, where the limit markers judge them."""
     gpu_index = llmperf_session.gpu.index if llmperf_session.gpu else None
     perf = LLMPerf(test_id=request.node.nodeid, on_broken=llmperf_session.pool.discard, revive=llmperf_session.pool.live,
-                   restart=llmperf_session.pool.restart,
+                   restart=llmperf_session.pool.restart, beside=llmperf_session.pool.beside,
                    gpu_index=gpu_index, gpu_indices=tuple(g.index for g in llmperf_session.gpus),
                    times=llmperf_session.pool.times, roofline_of=llmperf_session.roofline,
                    warmup_mode=llmperf_session.warmup, steady_engines=llmperf_session.steady_engines)

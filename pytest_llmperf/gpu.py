@@ -252,6 +252,21 @@ def memory_used(index: int) -> int:
     return memory_info(index)[0]
 
 
+def memory_held_by(indices: Sequence[int], pids: frozenset[int]) -> dict[int, int]:
+    """Bytes NVML charges the processes `pids` on each device of `indices` (its per-process accounting):
+    engines idle beside the one measured, whose memory the card's reading holds too."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return {index: sum(int(p.usedGpuMemory or 0) for p in
+                           pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(index))
+                           if p.pid in pids)
+                for index in indices}
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def wait_for_release(index: int, limit_bytes: int, timeout_s: float = 60.0) -> float:
     """Block until the device's used memory is back under `limit_bytes` (the memory seen before the
     engine started, plus slack); returns the seconds waited. Two engines on one card give false

@@ -21,7 +21,7 @@ from .engines.base import EnginePool, default_engine
 from .gpu import KNOWN_CLASSES
 from .models import DEFAULT_MODEL, check_spec, stored_name
 from .runner import WARMUP_MODES
-from .session import Session
+from .session import SIDE_BY_SIDE_MODES, Session
 
 
 def add(parser: pytest.Parser) -> None:
@@ -72,6 +72,11 @@ def add(parser: pytest.Parser) -> None:
                     help="what llmperf.run's warm-up does: a few requests (quick), then whole passes until two agree "
                          "on throughput (steady), or auto: steady on a GPU, quick elsewhere (default)")
     parser.addini("llmperf_warmup", "warm-up: auto, quick or steady", default="auto")
+    group.addoption("--llmperf-side-by-side", default=None, choices=SIDE_BY_SIDE_MODES,
+                    help="start the engines of consecutive tests that gate no timing and have a fixed KV budget "
+                         "(num_gpu_blocks_override) together, and keep them side by side while each is measured "
+                         "in turn: on, off, or auto: on where the session has a GPU (default)")
+    parser.addini("llmperf_side_by_side", "engines of paging-only tests side by side: auto, on or off", default="auto")
     group.addoption("--llmperf-gpus-per-worker", default=None, metavar="N",
                     help="GPUs each pytest-xdist worker (or this session) takes: default, the most any collected "
                          "test's engine spreads over (tensor_parallel_size x pipeline_parallel_size)")
@@ -164,6 +169,7 @@ def session(config: pytest.Config, hardware: str, engines: dict[str, str]) -> Se
         engines=engines,
         retries=retries,
         warmup=_warmup(config),
+        side_by_side=_side_by_side(config),
         engine_settings={"openai": openai} if openai else {},
         server_options=engine_config(value(config, "server-config"), "server-config"),
     )
@@ -237,6 +243,13 @@ def _retries(config: pytest.Config) -> int:
         raise pytest.UsageError(f"--llmperf-retries/llmperf_retries={given!r}: give the number of extra measurements, "
                                 "0 or more (e.g. 2)")
     return retries
+
+
+def _side_by_side(config: pytest.Config) -> str:
+    mode = value(config, "side-by-side")
+    if mode not in SIDE_BY_SIDE_MODES:
+        raise pytest.UsageError(f"llmperf_side_by_side={mode!r}: choose one of {', '.join(SIDE_BY_SIDE_MODES)}")
+    return mode
 
 
 def _warmup(config: pytest.Config) -> str:

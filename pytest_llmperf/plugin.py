@@ -70,7 +70,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         activation.activate(config, items)
     config.stash[selection.CARRIED] = selection.mark_hardware(items, config.stash[SESSION].hardware)
     # Tests that share an engine configuration run together, so each engine starts once (per soak round).
-    order = selection.engine_order(items, in_process_last=bool(config.stash[SESSION].gpus))
+    state = config.stash[SESSION]
+    order = selection.engine_order(items, in_process_last=bool(state.gpus), beside_last=state.starts_side_by_side)
     items.sort(key=lambda item: (soak.round_of(item), order[item.nodeid]))
     properties.apply_profile([i for i in items if selection.uses_plugin(i)], config)
 
@@ -90,6 +91,13 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     elsewhere = f" (classes stored: {', '.join(others)})" if not stored and others else ""
     return (f"llmperf: engine {state.engine_name}, model {state.model_spec}, hardware {state.hardware}, "
             f"baseline {gate.mode}: {stored} stored in {where}/{elsewhere}")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # the tests that will run, in their order (after -m and -k): which engines may start together
+    state = session.config.stash[SESSION]
+    if state.starts_side_by_side:
+        state.plan_side_by_side(selection.side_by_side(session.items, state.engine_name, set(state.engines)))
 
 
 def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> str | None:

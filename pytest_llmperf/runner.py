@@ -12,12 +12,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .engines.base import Engine
-from .gpu import GpuError, NvmlSampler
+from .gpu import GpuError, NvmlSampler, memory_held_by
 from .metrics import PerfResult, summarize, throughput, with_timing_noise
 from .stats import pass_noise
 from .sweep import Sweep, SweepPoint, holds, unknown_latency_metrics
 from .timing import PhaseTimes
-from .trace import Roofline, RunTrace
+from .trace import GpuSample, Roofline, RunTrace
 from .validity import why_invalid
 from .workload import Workload
 
@@ -89,6 +89,8 @@ class LLMPerf:
     # since closed it (a test that measured transformers, then vLLM)
     revive: Callable[[Engine], Engine] | None = None
     restart: Callable[[Engine], Engine] | None = None  # the same configuration in a fresh engine start
+    # the processes of engines idle beside the measured one (the pool's group), whose memory is not its own
+    beside: Callable[[Engine], frozenset[int]] | None = None
     gpu_index: int | None = None  # sample this device with NVML during every measured pass
     # this worker's devices (gpu_index first): an engine of several GPUs is sampled on its first `gpus`
     gpu_indices: tuple[int, ...] = ()
@@ -311,11 +313,22 @@ class LLMPerf:
     def _pass(self, engine: Engine, workload: Workload, salt: int) -> RunTrace:
         if self.gpu_index is None:
             return _drive(engine, workload, salt)
-        with NvmlSampler(self._devices_of(engine), self.gpu_interval_s) as sampler:
+        devices = self._devices_of(engine)
+        neighbours = self.beside(engine) if self.beside is not None else frozenset()
+        held = memory_held_by(devices, neighbours) if neighbours else {}
+        with NvmlSampler(devices, self.gpu_interval_s) as sampler:
             trace = _drive(engine, workload, salt)
         if sampler.error:
             warnings.warn(f"llmperf: {sampler.error}; GPU figures cover only the samples before it", stacklevel=3)
-        return replace(trace, gpu=sampler.samples)
+        if not neighbours:
+            return replace(trace, gpu=sampler.samples)
+        after = memory_held_by(devices, neighbours)
+        held = {d: max(held[d], after[d]) for d in devices}
+        if not any(held.values()):
+            raise GpuError(f"NVML charges no memory to the engines beside this one (processes {sorted(neighbours)}; in a "
+                           "container without the host's process ids it cannot), so the card's memory reading cannot "
+                           "be this engine's alone: run with --llmperf-side-by-side=off")
+        return replace(trace, gpu=own_memory(sampler.samples, held))
 
     def _devices_of(self, engine: Engine) -> tuple[int, ...]:
         mine = self.gpu_indices or (self.gpu_index or 0,)
@@ -323,6 +336,13 @@ class LLMPerf:
             raise GpuError(f"the {engine.name} engine spreads over {engine.gpus} GPUs and this worker has "
                            f"{len(mine)} ({', '.join(map(str, mine))}): run with --llmperf-gpus-per-worker={engine.gpus}")
         return mine[:engine.gpus]
+
+
+def own_memory(samples: tuple[GpuSample, ...], held: dict[int, int]) -> tuple[GpuSample, ...]:
+    """The card's readings less what engines idle beside the measured one hold (`held`, per device): the
+    reading the engine alone would give, as its baselines were recorded (within 17 MiB on an H100:
+    benchmarks/side_by_side_starts.py)."""
+    return tuple(replace(s, memory_used_bytes=s.memory_used_bytes - held.get(s.device, 0)) for s in samples)
 
 
 @contextmanager

@@ -5,13 +5,16 @@ starts each engine configuration once."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from . import markers, properties
 from .assertions import MarkerError
+from .baseline import BaselineError, gates_timing
 from .engines import registry
 from .gpu import KNOWN_CLASSES
-from .session import SESSION, engine_options, model_option
+from .session import SESSION, engine_options, gate_option, model_option
 
 CARRIED = pytest.StashKey[dict[str, int]]()  # hardware class -> how many collected tests carry it
 
@@ -83,11 +86,49 @@ def in_process(item: pytest.Item) -> bool:
     return bool(IN_PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())))
 
 
-def engine_order(items: list[pytest.Item], in_process_last: bool) -> dict[str, tuple[bool, str, bool]]:
+def engine_order(items: list[pytest.Item], in_process_last: bool,
+                 beside_last: bool = False) -> dict[str, tuple[bool, bool, str, bool]]:
     """Sort keys by node id: tests that share an engine configuration run together, so each engine starts
     once; where `in_process_last` (a session with a GPU), tests of an in-process engine after the others of
-    their group, and the groups holding such tests after every other group."""
+    their group, and the groups holding such tests after every other group; where `beside_last` (engines
+    side by side), the groups whose engines may start together (`side_by_side`) after the others of their
+    kind, so that they follow one another."""
     groups = {item.nodeid: engine_group(item) for item in items}
     late = {item.nodeid for item in items if in_process_last and in_process(item)}
     holding = {groups[nodeid] for nodeid in late}
-    return {nodeid: (group in holding, group, nodeid in late) for nodeid, group in groups.items()}
+    beside = {groups[item.nodeid] for item in items if beside_last and _planned(item, "") is not None}
+    return {nodeid: (group in holding, group in beside, group, nodeid in late) for nodeid, group in groups.items()}
+
+
+# (engine name, the test's own model or None, its engine options): a configuration the pool may start
+Planned = tuple[str, "str | None", dict[str, Any]]
+
+
+def side_by_side(items: list[pytest.Item], engine_name: str, engines: set[str]) -> list[list[Planned]]:
+    """Engine configurations that may start together and live side by side, in the order tests ask for
+    them: each maximal run of consecutive tests whose engine fixture (`<engine>_engine`, `llm_engine`) has
+    a fixed KV budget (`num_gpu_blocks_override`, so its paging does not depend on the memory its
+    neighbours hold) and whose baseline gates no timing metric (a neighbour's start would move timing; none
+    measures while another starts, but they stay beside it). A test that asks for another engine, or
+    makes its own (a factory), ends the run."""
+    groups: list[list[Planned]] = [[]]
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        asked = sorted(n for n in names if n == "llm_engine" or n.removesuffix("_engine") in engines)
+        if not asked and not any(n.removesuffix("_engine_factory") in engines for n in names):
+            continue  # no engine of the pool: the run goes on
+        planned = _planned(item, engine_name if asked == ["llm_engine"] else asked[0].removesuffix("_engine")) \
+            if len(asked) == 1 and not any(n.endswith("_engine_factory") for n in names) else None
+        if planned is None:
+            groups.append([])
+        elif planned not in groups[-1]:
+            groups[-1].append(planned)
+    return [g for g in groups if len(g) > 1]
+
+
+def _planned(item: pytest.Item, engine: str) -> Planned | None:
+    try:
+        options, model, timed = engine_options(item), model_option(item), gates_timing(gate_option(item))
+    except (MarkerError, BaselineError):  # reported at setup, with the test's name
+        return None
+    return None if timed or "num_gpu_blocks_override" not in options else (engine, model, options)

@@ -3,6 +3,7 @@ what every test recorded. The plugin's hooks and fixtures both read it from here
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import MutableMapping
 from dataclasses import asdict, dataclass, field
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
     from .plots import Picture
 
 
+SIDE_BY_SIDE_MODES = ("auto", "on", "off")
+
+
 @dataclass
 class Session:
     """Per-session state, kept in `config.stash` (no module globals)."""
@@ -44,6 +48,7 @@ class Session:
     report_dir: Path | None = None
     retries: int = 2
     warmup: str = "auto"  # what llmperf.run(warmup=True) does (runner.WARMUP_MODES)
+    side_by_side: str = "auto"  # --llmperf-side-by-side (SIDE_BY_SIDE_MODES)
     # warmed until steady once, with the pass-to-pass noise their warm-up saw (runner.py)
     steady_engines: MutableMapping[Engine, float] = field(default_factory=weakref.WeakKeyDictionary)
     # per engine name, options the session's command line gives that engine (the openai engine's server URL)
@@ -107,12 +112,29 @@ class Session:
         return self.models[spec]
 
     def engine(self, name: str, config: dict[str, Any], model: str | None = None) -> Engine:
+        if self.gpu is not None and self.bandwidth is None:
+            self._probe_beside_imports(name, self.gpu)
+        return self.pool.get(name, self.model(model), self._config(name, config))
+
+    def _config(self, name: str, config: dict[str, Any]) -> dict[str, Any]:
         # CLI/ini engine options are written for the session's engine; another engine (hf beside vLLM
         # in a comparison test) would reject them
         defaults = self.engine_defaults if name == self.engine_name else {}
-        if self.gpu is not None and self.bandwidth is None:
-            self._probe_beside_imports(name, self.gpu)
-        return self.pool.get(name, self.model(model), {**self.engine_settings.get(name, {}), **defaults, **config})
+        return {**self.engine_settings.get(name, {}), **defaults, **config}
+
+    def plan_side_by_side(self, groups: list[list[tuple[str, str | None, dict[str, Any]]]]) -> None:
+        """The pool starts each group's engines together (selection.side_by_side), with their configurations
+        as the tests will ask for them."""
+        self.pool.plan([[(name, self.model(model), self._config(name, options)) for name, model, options in group]
+                        for group in groups])
+
+    @property
+    def starts_side_by_side(self) -> bool:
+        """Whether engines may start together: asked for, or by default where a GPU is sampled; never in a
+        pytest-xdist worker, which learns the tests it runs one at a time (its collection holds them all)."""
+        if "PYTEST_XDIST_WORKER" in os.environ:
+            return False
+        return self.side_by_side == "on" or (self.side_by_side == "auto" and bool(self.gpus))
 
     def _probe_beside_imports(self, name: str, gpu: GpuInfo) -> None:
         """The GPU's bandwidth probe (a child process that starts CUDA: seconds) runs while the first

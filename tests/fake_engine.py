@@ -116,3 +116,26 @@ class FakeProbedEngine(Engine):
 
     def shutdown(self):
         pass
+
+
+class FakeBesideEngine(FakeStoppingEngine):
+    """A FAKE engine for plugin mechanics (engines started side by side): its start takes
+    `config["start_s"]` and logs when it began and ended, raises `config["start_error"]` if given, and it
+    names `config["pid"]` as the process holding its device memory."""
+
+    starts_beside = True
+
+    def __init__(self, model, config):
+        config["log"].append(f"begin {config['id']}")
+        time.sleep(config.get("start_s", 0.0))
+        if config.get("start_error"):
+            raise config["start_error"]
+        super().__init__(model, config)
+        self.alive = True
+
+    def device_pids(self):
+        return frozenset({self._config["pid"]})
+
+    def shutdown(self):
+        self.alive = False
+        self.log.append(f"stop {self._config['id']}")

@@ -52,3 +52,63 @@ def test_a_restart_in_a_fresh_start_also_stops_the_old_one_in_the_background(log
     again = pool.restart(first)
     assert again is not first and log == ["start a", "start a", "stop a (beside a start)"]
     pool.close()
+
+
+BESIDE = {"fake": "fake_engine:FakeBesideEngine", "single": "fake_engine:FakeStoppingEngine"}
+
+
+def member(log, id_, **more):
+    return ("fake", MODEL, {"id": id_, "log": log, "pid": ord(id_), **more})
+
+
+def test_a_planned_group_starts_together_and_each_engine_is_handed_out_beside_the_others(log):
+    pool = EnginePool(engines=BESIDE)
+    group = [member(log, "a", start_s=0.3), member(log, "b", start_s=0.1), member(log, "c")]
+    pool.plan([group])
+    first = pool.get(*group[0])
+    # every member began before any had ended, and all had started before the first was handed out
+    assert sorted(log[:3]) == ["begin a", "begin b", "begin c"] and sorted(log[3:]) == ["start a", "start b", "start c"]
+    assert pool.beside(first) == {ord("b"), ord("c")} and pool.starts == 3
+    assert pool.get(*group[1]) is not first and len(log) == 6  # handed out, not started again
+    assert pool.live(first) is first
+    pool.get("single", MODEL, {"id": "d", "log": log})  # another configuration: the group stops first
+    assert sorted(log[6:9]) == ["stop a", "stop b", "stop c"] and log[9] == "start d"
+    assert pool.beside(first) == frozenset()
+    pool.close()
+    assert log[-1] == "stop d"
+
+
+def test_a_member_that_fails_to_start_fails_its_own_test_only_and_is_tried_again_when_asked(log):
+    pool = EnginePool(engines=BESIDE)
+    broken = member(log, "b", start_error=RuntimeError("no memory"))
+    group = [member(log, "a"), broken]
+    pool.plan([group])
+    a = pool.get(*group[0])
+    with pytest.raises(RuntimeError, match="no memory"):
+        pool.get(*broken)
+    assert pool.get(*group[0]) is a and log.count("begin b") == 2  # tried again, alone, beside a
+    pool.close()
+    assert log[-1] == "stop a"
+
+
+def test_a_restarted_or_broken_member_is_replaced_beside_the_others(log):
+    pool = EnginePool(engines=BESIDE)
+    group = [member(log, "a"), member(log, "b")]
+    pool.plan([group])
+    a = pool.get(*group[0])
+    b = pool.get(*group[1])
+    again = pool.restart(a)
+    assert again is not a and pool.get(*group[1]) is b and log[-3:] == ["stop a", "begin a", "start a"]
+    pool.discard(b)
+    assert pool.beside(again) == frozenset() and pool.get(*group[1]) is not b
+    pool.close()
+
+
+def test_a_group_of_engines_that_cannot_start_beside_another_is_not_planned(log):
+    pool = EnginePool(engines=BESIDE)
+    group = [("single", MODEL, {"id": "a", "log": log}), ("single", MODEL, {"id": "b", "log": log})]
+    pool.plan([group])
+    pool.get(*group[0])
+    pool.get(*group[1])
+    assert log == ["start a", "stop a", "start b"]
+    pool.close()

@@ -102,3 +102,65 @@ def test_tests_sharing_an_engine_run_together_and_on_a_gpu_in_process_engines_ru
     # the default configuration's engine, started for test_default, is still live for test_hf_first
     assert [i.name for i in on_gpu] == ["test_own_engine", "test_own_engine_again", "test_pinned", "test_default",
                                         "test_hf_first"]
+
+
+BESIDE = """
+import pytest
+
+PAGING = pytest.mark.llmperf_gate("paging", "memory")
+
+@PAGING
+@pytest.mark.llmperf_engine(block_size=16, num_gpu_blocks_override=64)
+def test_paging_a(vllm_engine, llmperf):
+    pass
+
+def test_timed(llm_engine, llmperf):
+    pass
+
+@PAGING
+@pytest.mark.llmperf_engine(block_size=32, num_gpu_blocks_override=32)
+def test_paging_b(vllm_engine, llmperf):
+    pass
+
+@PAGING
+@pytest.mark.llmperf_engine(block_size=32, num_gpu_blocks_override=32)
+def test_paging_b_again(vllm_engine, llmperf):
+    pass
+
+def test_no_engine():
+    pass
+
+@PAGING
+@pytest.mark.llmperf_engine(enable_prefix_caching=True)
+def test_paging_by_memory(vllm_engine, llmperf):
+    pass
+
+@pytest.mark.llmperf_engine(block_size=64, num_gpu_blocks_override=16)
+def test_timed_fixed_budget(vllm_engine, llmperf):
+    pass
+
+@PAGING
+@pytest.mark.llmperf_engine(block_size=64, num_gpu_blocks_override=16)
+def test_paging_with_a_factory(vllm_engine, hf_engine_factory, llmperf):
+    pass
+"""
+
+
+def test_engines_of_paging_only_tests_with_a_fixed_budget_are_planned_side_by_side_and_run_one_after_another(pytester):
+    """Only tests whose baseline gates no timing and whose engine has a fixed KV budget may share the card
+    with their neighbours' engines; side by side, the sort puts them after the other engines' tests, so that
+    they follow one another, and the planned group holds each configuration once."""
+    from pytest_llmperf.selection import engine_order, side_by_side
+
+    items = pytester.getitems(BESIDE)
+    order = engine_order(items, in_process_last=True, beside_last=True)
+    ran = sorted(items, key=lambda item: order[item.nodeid])
+    assert [i.name for i in ran] == ["test_paging_by_memory", "test_timed", "test_no_engine", "test_paging_a",
+                                     "test_paging_b", "test_paging_b_again", "test_timed_fixed_budget",
+                                     "test_paging_with_a_factory"]
+    groups = side_by_side(ran, "vllm", {"vllm", "hf"})
+    assert groups == [[("vllm", None, {"block_size": 16, "num_gpu_blocks_override": 64}),
+                       ("vllm", None, {"block_size": 32, "num_gpu_blocks_override": 32})]]
+    # a test between them that asks for another engine ends a run; one that uses none does not
+    assert side_by_side(items, "vllm", {"vllm", "hf"}) == []
+    assert len(side_by_side([items[i] for i in (0, 4, 2)], "vllm", {"vllm", "hf"})[0]) == 2

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import importlib
 import importlib.util
+import threading
 import time
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from ..models import ModelSpec
@@ -95,6 +98,9 @@ class Engine(ABC):
     max_model_len: int
     vocab_size: int
     holds_device = True  # False for a client of a server someone else runs (nothing to free)
+    # True where engines of this class can start side by side in one process (each one's measurements stay
+    # its own: vLLM's recorder writes a file per engine) and name the processes that hold their memory
+    starts_beside = False
     # True when the KV pool's size is set by the configuration, not by the machine's free memory: with an
     # offline workload, paging then repeats exactly and is compared with its baseline exactly
     fixed_kv_budget = False
@@ -127,6 +133,11 @@ class Engine(ABC):
     @abstractmethod
     def shutdown(self) -> None:
         """Release every process and all device memory; safe to call twice."""
+
+    def device_pids(self) -> frozenset[int]:
+        """The processes holding this engine's device memory (NVML charges memory per process): what is
+        taken off the card's reading while another engine is measured beside it."""
+        return frozenset()
 
     def check_fits(self, workload: Workload) -> None:
         too_long = [i for i, r in enumerate(workload.requests) if r.total_len > self.max_model_len]
@@ -165,14 +176,66 @@ def config_key(name: str, model: ModelSpec, config: dict[str, Any]) -> str:
     return repr((name, model.name, sorted(config.items(), key=lambda kv: kv[0])))
 
 
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` (Linux's /proc; none elsewhere): the workers an engine core started."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # the command name (field 2) may hold spaces and parentheses: the parent pid follows its last ")"
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def side_by_side(calls: Sequence[Callable[[], None]]) -> list[BaseException]:
+    """Runs `calls` at once, each in a thread, and returns what they raised. At interpreter exit (the
+    pool's atexit stop), where no new thread may start, one after another."""
+    errors: list[BaseException] = []
+
+    def run(call: Callable[[], None]) -> None:
+        try:
+            call()
+        except BaseException as e:  # noqa: BLE001 - returned to the caller, which raises the first
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(call,), name="llmperf-engine-stop") for call in calls]
+    try:
+        for t in threads:
+            t.start()
+    except RuntimeError:  # "can't create new thread at interpreter shutdown"
+        for call, t in zip(calls, threads):
+            if t.ident is None:
+                run(call)
+    for t in threads:
+        if t.ident is not None:
+            t.join()
+    return errors
+
+
+def _running(engine: Engine | None) -> bool:
+    return engine is not None and getattr(engine, "alive", True)
+
+
 class EnginePool:
-    """Engines cached by their full configuration, at most one running at a time.
+    """Engines cached by their full configuration, one running at a time, or a planned group side by side.
 
     Loading a model is the expensive part and a GPU holds one engine at a time, so asking for a
     different configuration shuts the live engine down (and frees its memory) before the next starts.
     With `stop_in_background` (a machine without a GPU: nothing waits for device memory) the old engine's
     stop, seconds of vLLM's worker exiting, runs beside the next engine's start instead, and is waited
     for before the new engine measures anything.
+
+    `plan` names groups of configurations that may live side by side (engines of a fixed KV budget whose
+    tests gate no timing: selection.side_by_side): asking for one starts the whole group at once and
+    waits until every one has started, so that none measures while another starts; each is then handed
+    out as asked for, the others idle beside it (`beside` names their processes, whose memory the runner
+    takes off the card's reading). Asking for a configuration outside the group stops the group.
     """
 
     def __init__(self, after_close: Callable[[], None] | None = None, times: PhaseTimes | None = None,
@@ -191,31 +254,89 @@ class EnginePool:
         self.start_seconds: list[tuple[str, str, float]] = []
         # how each engine this pool started was asked for, so a closed one can be started again
         self._made: weakref.WeakKeyDictionary[Engine, tuple[str, ModelSpec, dict[str, Any]]] = weakref.WeakKeyDictionary()
+        self._groups: dict[str, tuple[tuple[str, ModelSpec, dict[str, Any]], ...]] = {}  # key -> its planned group
+        self._beside: dict[str, Engine] = {}  # the started group's engines, by key
+        self._books = threading.Lock()
         atexit.register(self.close)  # also on Ctrl-C and crashes that skip pytest's own teardown
+
+    def plan(self, groups: Sequence[Sequence[tuple[str, ModelSpec, dict[str, Any]]]]) -> None:
+        """Configurations (name, model, config) to start side by side, a group at a time; a group of one
+        starts as any other engine. Configurations whose class cannot start beside another are left out."""
+        for group in groups:
+            members = tuple(m for m in group if engine_class(m[0], self.engines).starts_beside)
+            if len(members) > 1:
+                for member in members:  # a configuration of two runs of tests belongs to the first
+                    self._groups.setdefault(config_key(*member), members)
 
     def get(self, name: str, model: ModelSpec, config: dict[str, Any]) -> Engine:
         key = config_key(name, model, config)
         if self._engine is not None and key == self._key and getattr(self._engine, "alive", True):
             return self._engine
+        if key in self._groups:
+            return self._get_beside(key)
+        self._close_beside()
         self._retire()
         cls = engine_class(name, self.engines)
         try:
             with self.times.timed("engine start"):
-                began = time.perf_counter()
-                self._engine = cls(model, dict(config))
-                seconds = time.perf_counter() - began
+                self._engine = self._start(name, model, config, cls)
+                self._key = key
         finally:
             self._wait_for_stops()  # the engine before it is gone before this one measures anything
-        self._key = key
-        self.starts += 1
-        self.start_seconds.append((name, model.name, round(seconds, 2)))
-        self._made[self._engine] = (name, model, dict(config))
         return self._engine
+
+    def _start(self, name: str, model: ModelSpec, config: dict[str, Any], cls: type[Engine] | None = None) -> Engine:
+        began = time.perf_counter()
+        engine = (cls or engine_class(name, self.engines))(model, dict(config))
+        with self._books:  # starts of a group end in threads of their own
+            self.starts += 1
+            self.start_seconds.append((name, model.name, round(time.perf_counter() - began, 2)))
+            self._made[engine] = (name, model, dict(config))
+        return engine
+
+    def _start_beside(self, key: str, member: tuple[str, ModelSpec, dict[str, Any]]) -> None:
+        # kept as soon as it has started: a session stopped meanwhile (Ctrl-C) still stops it at close
+        self._beside[key] = self._start(*member)
+
+    def _get_beside(self, key: str) -> Engine:
+        """`key`'s engine of its group, the group's missing members started side by side first (each in a
+        thread: an engine's start waits on its own processes)."""
+        if _running(self._beside.get(key)):
+            return self._beside[key]
+        group = self._groups[key]
+        if any(k not in {config_key(*m) for m in group} for k in self._beside):
+            self._close_beside()  # another group's
+        self._retire()
+        self._wait_for_stops()
+        missing = [m for m in group if not _running(self._beside.get(config_key(*m)))]
+        if missing:
+            with self.times.timed("engine start"), ThreadPoolExecutor(len(missing), "llmperf-engine-start") as starter:
+                started = {config_key(*m): starter.submit(self._start_beside, config_key(*m), m) for m in missing}
+            error = started[key].exception() if key in started else None
+            if error is not None:
+                raise error  # a member that failed to start is tried again, alone, when its test asks for it
+        return self._beside[key]
+
+    def beside(self, engine: Engine) -> frozenset[int]:
+        """The processes of the group's other engines, idle beside `engine` while it is measured."""
+        return frozenset().union(*(e.device_pids() for e in self._beside.values() if e is not engine))
+
+    def _close_beside(self) -> None:
+        """The group's engines stopped, side by side, and the card's memory waited for once."""
+        engines, self._beside = list(self._beside.values()), {}
+        if not engines:
+            return
+        with self.times.timed("engine stop"):
+            errors = side_by_side([e.shutdown for e in engines])
+            if self.after_close is not None and any(e.holds_device for e in engines):
+                self.after_close()
+        if errors:
+            raise errors[0]  # the first that failed, every one having been stopped
 
     def _retire(self) -> None:
         """The live engine makes way for another: stopped now, or in the background (`stop_in_background`)."""
         if not self.stop_in_background:
-            self.close()
+            self._close_live()
             return
         engine, self._engine, self._key = self._engine, None, None
         if engine is None:
@@ -231,10 +352,10 @@ class EnginePool:
                 self._stopping.pop(0).result()
 
     def live(self, engine: Engine) -> Engine:
-        """`engine` while it is the live one; else the same configuration started again (the pool
-        closed it to start another, as a test comparing two engines does, or it broke). An engine this
-        pool did not start is returned as it is."""
-        if engine is self._engine and getattr(engine, "alive", True):
+        """`engine` while it is the live one (or one of the group beside it); else the same configuration
+        started again (the pool closed it to start another, as a test comparing two engines does, or it
+        broke). An engine this pool did not start is returned as it is."""
+        if (engine is self._engine or engine in self._beside.values()) and getattr(engine, "alive", True):
             return engine
         made = self._made.get(engine)
         return engine if made is None else self.get(*made)
@@ -249,15 +370,31 @@ class EnginePool:
             return engine
         if engine is self._engine:
             self._retire()
+        self._drop_beside(engine)
         return self.get(*made)
 
     def discard(self, engine: Engine) -> None:
         """Forget an engine that broke mid-run so that the next test starts a fresh one."""
         if engine is self._engine:
-            self.close()
+            self._close_live()
+        self._drop_beside(engine)
+
+    def _drop_beside(self, engine: Engine) -> None:
+        key = next((k for k, e in self._beside.items() if e is engine), None)
+        if key is not None:
+            del self._beside[key]
+            with self.times.timed("engine stop"):
+                engine.shutdown()
 
     def close(self) -> None:
-        """Every engine of this pool stopped, the live one and any still stopping in the background."""
+        """Every engine of this pool stopped: the live one, the group beside it, any still stopping in the
+        background."""
+        try:
+            self._close_live()
+        finally:
+            self._close_beside()
+
+    def _close_live(self) -> None:
         engine, self._engine, self._key = self._engine, None, None
         try:
             if engine is not None:

@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 from ..models import ModelSpec
 from ..trace import Chunk, EngineTimes, KVSample, RunTrace, SequenceTrace, ServerTimes
 from ..workload import Request, Workload
-from .base import Engine, EngineError, EngineOptionError, Schedule
+from .base import Engine, EngineError, EngineOptionError, Schedule, descendants
 
 SAMPLER = "pytest_llmperf.engines.vllm_sampler.recording_scheduler"
 MIN_VERSION = (0, 10, 0)
@@ -101,6 +101,23 @@ def own_socket_folder() -> None:
         return
     os.environ[SOCKETS_ENV] = folder
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
+
+
+TRACE_ENV = "LLMPERF_KV_TRACE"  # vllm_sampler.TRACE_ENV (that module imports vLLM)
+
+
+def own_trace_folder() -> str:
+    """The paging recorders' path in this process (LLMPERF_KV_TRACE): one folder of the plugin's own,
+    removed when this process exits, and in it a file per engine named by its vLLM instance id
+    (`{instance}`, which the recorder fills in). Set once, like the socket folder: engines started side by
+    side spawn their engine cores while both start, and each core inherits the environment of that moment,
+    so a path set per engine would reach the wrong one. Kept where the environment names it already (a
+    session started by a test of this one)."""
+    if TRACE_ENV not in os.environ:
+        folder = tempfile.mkdtemp(prefix="llmperf-kv-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        os.environ[TRACE_ENV] = os.path.join(folder, "kv-{instance}.csv")
+    return os.environ[TRACE_ENV]
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -239,6 +256,7 @@ def _check_kinds(args_class: Any, config: dict[str, Any], version: str) -> None:
 
 class VLLMEngine(Engine):
     name = "vllm"
+    starts_beside = True
 
     @classmethod
     def preload(cls) -> None:
@@ -275,10 +293,7 @@ class VLLMEngine(Engine):
         if self._defaults not in USAGE_CONTEXTS:
             raise EngineError(f"{DEFAULTS_OPTION}={self._defaults!r}: choose 'serve' (vLLM's defaults for `vllm serve`) "
                               "or 'llm' (its defaults for the offline `vllm.LLM`)")
-        # the recorder's file, in a folder of this engine's own that its shutdown (or a failed start) removes
-        self._scratch = tempfile.TemporaryDirectory(prefix="llmperf-kv-")
-        self._trace_path = os.path.join(self._scratch.name, "kv.csv")
-        open(self._trace_path, "w").close()
+        self._trace_path = ""  # the recorder's file, named once the engine has started (own_trace_folder)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="llmperf-vllm-loop", daemon=True)
         self._thread.start()
@@ -287,9 +302,11 @@ class VLLMEngine(Engine):
             self._llm = self._call(self._start(config), timeout=None)
         except BaseException:
             self._stop_loop()
-            self._scratch.cleanup()
             raise
         self.alive = True
+        from .vllm_sampler import trace_path
+
+        self._trace_path = trace_path(os.environ[TRACE_ENV], self._llm.vllm_config) or ""
         self._clock = _token_clock(self._llm, stream)
         self._scheduler = self._scheduler_class()
         vcfg = self._llm.vllm_config
@@ -354,7 +371,7 @@ class VLLMEngine(Engine):
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        os.environ["LLMPERF_KV_TRACE"] = self._trace_path  # inherited by the engine-core process
+        own_trace_folder()  # inherited by the engine-core process
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         own_socket_folder()
         try:
@@ -415,7 +432,8 @@ class VLLMEngine(Engine):
                 del llm
                 gc.collect()
                 self._free_device_memory()
-                self._scratch.cleanup()
+                with contextlib.suppress(OSError):
+                    os.remove(self._trace_path)
 
     @staticmethod
     async def _shutdown_in_loop(llm: Any) -> None:
@@ -581,17 +599,32 @@ class VLLMEngine(Engine):
         as the recorder wrote it when the engine core built it."""
         from .vllm_sampler import SCHEDULER_PREFIX
 
-        with open(self._trace_path) as f:
+        return self._header(SCHEDULER_PREFIX)
+
+    def _header(self, prefix: str) -> str | None:
+        """A line the recorder wrote when the engine core built it (`#scheduler=`, `#pid=`)."""
+        with contextlib.suppress(OSError), open(self._trace_path) as f:
             for line in f:
-                if line.startswith(SCHEDULER_PREFIX):
-                    return line[len(SCHEDULER_PREFIX):].strip()
+                if line.startswith(prefix):
+                    return line[len(prefix):].strip()
+                if not line.startswith("#"):
+                    break
         return None
+
+    def device_pids(self) -> frozenset[int]:
+        """The processes that hold this engine's device memory: its engine core (which the recorder names)
+        and the workers it started; none while it is not running, or where the recorder named none."""
+        from .vllm_sampler import PID_PREFIX
+
+        core = self._header(PID_PREFIX) if self.alive else None
+        return frozenset({int(core), *descendants(int(core))}) if core and core.isdigit() else frozenset()
 
     def _read_recorder(self) -> tuple[tuple[KVSample, ...], float | None]:
         """What the recorder wrote since the last run: its samples and the seconds it spent on them."""
         from .vllm_sampler import COST_PREFIX
 
-        with open(self._trace_path) as f:
+        text = ""
+        with contextlib.suppress(FileNotFoundError), open(self._trace_path) as f:  # none: the recorder never ran
             f.seek(self._trace_offset)
             text = f.read()
             self._trace_offset = f.tell()

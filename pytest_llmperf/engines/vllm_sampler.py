@@ -10,7 +10,11 @@ vLLM's v1 engine core owns the block pool and runs in its own process, so the re
 `Scheduler` subclass (the one hook that reaches `kv_cache_manager` with multiprocessing on, in every v1
 version from 0.10 to 0.34) that records one line per step and appends them to the file named by
 `LLMPERF_KV_TRACE` when the engine goes idle, followed by `#cost_ns=` and the time the recorder has
-spent in its own code so far; the test process reads the lines a run produced.
+spent in its own code so far; the test process reads the lines a run produced. The variable is set once
+per test process and names `{instance}`, which the recorder fills with its engine's
+`vllm_config.instance_id` (made per engine by the front end, 0.10.0-0.34.0): engines started side by side
+in one process each write a file of their own, although every engine-core process inherits the same
+environment. The recorder also writes `#pid=` (its process): the engine's memory on the card.
 Access paths, and the versions they were checked on:
 
 - `self.kv_cache_manager.block_pool.{num_gpu_blocks, get_num_free_blocks()}` (0.10.0-0.34.0;
@@ -48,6 +52,8 @@ except ImportError:  # vLLM without async scheduling
     AsyncScheduler = None  # type: ignore[assignment,misc]
 
 TRACE_ENV = "LLMPERF_KV_TRACE"
+INSTANCE = "{instance}"  # in TRACE_ENV's path: the engine's vllm_config.instance_id
+PID_PREFIX = "#pid="
 ERROR_PREFIX = "ERROR,"
 SCHEDULER_PREFIX = "#scheduler="
 COST_PREFIX = "#cost_ns="
@@ -65,12 +71,12 @@ class _Recording:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        path = os.environ.get(TRACE_ENV)
+        path = trace_path(os.environ.get(TRACE_ENV), getattr(self, "vllm_config", None))
         self._out = open(path, "a") if path else None  # noqa: SIM115 - lives as long as the engine
         self._rows: list[tuple[Any, ...]] = []  # this run's samples, written when the engine goes idle
         if self._out is not None:
             vllm_class = next(c.__name__ for c in type(self).__mro__ if c.__module__.startswith("vllm."))
-            self._write(f"{SCHEDULER_PREFIX}{vllm_class}\n")
+            self._write(f"{SCHEDULER_PREFIX}{vllm_class}\n{PID_PREFIX}{os.getpid()}\n")
         self._held: dict[str, list[Any]] = {}
         self._preemptions = 0
         self._queries = self._hits = 0
@@ -208,6 +214,14 @@ class _Recording:
         self._queries += max(dq, 0)
         self._hits += max(dh, 0)
         self._stats_obj, self._stats_seen = stats, (q, h)
+
+
+def trace_path(template: str | None, vllm_config: Any) -> str | None:
+    """The file an engine's recorder writes: `template` (LLMPERF_KV_TRACE) with `{instance}` its engine's
+    instance id. The test process calls it with the same config once the engine has started."""
+    if not template:
+        return None
+    return template.replace(INSTANCE, str(getattr(vllm_config, "instance_id", "") or "engine"))
 
 
 def _events(running: Any, before: list[Any]) -> str:
