@@ -21,9 +21,10 @@ with contextlib.suppress(importlib.metadata.PackageNotFoundError):
 # `make test` hands whole files to two pytest-xdist workers (--dist loadfile --no-loadscope-reorder) in
 # collection order: the longest go first, so that the short ones even out the end. Seconds per file in a
 # two-worker run on this 2-core machine, 2026-12-05: vllm_engine 375, openai_engine 306, reliability 205,
-# upgrade 190, lifecycle 145, readme 70, the rest under 65 each. A stale order costs minutes, never a result.
+# upgrade 190, lifecycle 145, readme 70, the rest under 65 each (side_by_side, 2026-12-06: 86 s alone). A stale
+# order costs minutes, never a result.
 LONGEST_FIRST = ("test_vllm_engine.py", "test_openai_engine.py", "test_reliability.py", "test_upgrade.py",
-                 "test_lifecycle.py", "test_readme.py")
+                 "test_lifecycle.py", "test_side_by_side.py", "test_readme.py")
 
 
 @pytest.hookimpl(trylast=True)  # after the plugin's own order (tests sharing an engine together), kept per file
