@@ -1,6 +1,9 @@
 """The GPU layer's pure parts: hardware classes and one GPU per pytest-xdist worker (the NVML paths
 ran on the H200: docs/gpu-validation.md)."""
 
+import os
+import time
+
 import pytest
 
 
@@ -246,3 +249,32 @@ def test_the_bandwidth_probe_runs_beside_the_first_engines_imports_and_ends_befo
     assert FakeProbedEngine.log == [("preload", [True]), ("start", [False]), ("start", [False])]
     assert state.bandwidth == 2e12
     assert state.pool.times.seconds["bandwidth probe"] > 0 and state.pool.starts == 2
+
+
+def test_a_reading_beside_idle_engines_is_the_card_less_what_nvml_charges_them_per_device():
+    from pytest_llmperf.runner import own_memory
+    from pytest_llmperf.trace import GpuSample
+
+    samples = (GpuSample(0.0, 5_000, device=0), GpuSample(0.0, 900, device=1), GpuSample(0.1, 6_000, device=0))
+    assert [s.memory_used_bytes for s in own_memory(samples, {0: 3_000})] == [2_000, 900, 3_000]
+
+
+def test_an_engines_processes_are_its_core_and_every_process_below_it():
+    import subprocess
+    import sys
+
+    from pytest_llmperf.engines.base import descendants
+
+    # a child that starts a grandchild: both are below this process, and the grandchild below the child
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 20
+        while len(below := descendants(child.pid)) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(below) == 1 and {child.pid, *below} <= descendants(os.getpid())
+    finally:
+        for pid in descendants(child.pid):
+            os.kill(pid, 9)
+        child.kill()
+        child.wait()
