@@ -18,9 +18,9 @@ reading the plugin would have to take for a memory baseline recorded alone to st
     source .gpukit/env.sh && python3 benchmarks/side_by_side_starts.py   # on a GPU machine with vLLM
 
 `--threads` (any machine, this CPU included): two of those engines (block32, preempt) started side by side
-in threads of this one process, as the plugin's pool would have to, each then running the preemption test's
+in threads of this one process, as the plugin's pool does, each then running the preemption test's
 workload: whether each engine's paging recorder still sees its own engine (the preemption engine preempts,
-the other does not).
+the other does not). Before the recorder's file was named per engine, one of the two saw nothing.
 
 The last line is the JSON row (`_emit`)."""
 

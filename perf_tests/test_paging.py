@@ -5,9 +5,10 @@ Paging metrics are deterministic for an offline workload with a fixed KV budget
 KV budget, block size and scheduler limits, not on the model's size or on CUDA graphs (the tiny shape
 in eager mode pages step for step as the Llama-3.1-8B shape with CUDA graphs does: docs/performance.md),
 so this module runs on the tiny shape without compilation, whatever --llmperf-model says: its engines
-start in seconds, after the session's model, and on a GPU side by side (--llmperf-side-by-side). The timing of so small a model without CUDA graphs measures
-the host's Python more than the GPU (unchanged H200 runs moved its medians by 0.6-2x), so the baselines
-gate paging (exactly) and memory here, and report timing; the latency tests gate timing on the session's model.
+start in seconds, after the session's model, and on a GPU side by side (--llmperf-side-by-side). The
+timing of so small a model without CUDA graphs measures the host's Python more than the GPU (unchanged
+H200 runs moved its medians by 0.6-2x), so the baselines gate paging (exactly) and memory here, and report
+timing; the latency tests gate timing on the session's model.
 """
 
 import pytest

@@ -91,7 +91,7 @@ def engine_order(items: list[pytest.Item], in_process_last: bool,
     """Sort keys by node id: tests that share an engine configuration run together, so each engine starts
     once; where `in_process_last` (a session with a GPU), tests of an in-process engine after the others of
     their group, and the groups holding such tests after every other group; where `beside_last` (engines
-    side by side), the groups whose engines may start together (`side_by_side`) after the others of their
+    side by side), the groups whose engines may start together (`side_by_side_groups`) after the others of their
     kind, so that they follow one another."""
     groups = {item.nodeid: engine_group(item) for item in items}
     late = {item.nodeid for item in items if in_process_last and in_process(item)}
@@ -104,7 +104,7 @@ def engine_order(items: list[pytest.Item], in_process_last: bool,
 Planned = tuple[str, "str | None", dict[str, Any]]
 
 
-def side_by_side(items: list[pytest.Item], engine_name: str, engines: set[str]) -> list[list[Planned]]:
+def side_by_side_groups(items: list[pytest.Item], engine_name: str, engines: set[str]) -> list[list[Planned]]:
     """Engine configurations that may start together and live side by side, in the order tests ask for
     them: each maximal run of consecutive tests whose engine fixture (`<engine>_engine`, `llm_engine`) has
     a fixed KV budget (`num_gpu_blocks_override`, so its paging does not depend on the memory its

@@ -123,7 +123,7 @@ class Session:
         return {**self.engine_settings.get(name, {}), **defaults, **config}
 
     def plan_side_by_side(self, groups: list[list[tuple[str, str | None, dict[str, Any]]]]) -> None:
-        """The pool starts each group's engines together (selection.side_by_side), with their configurations
+        """The pool starts each group's engines together (selection.side_by_side_groups), with their configurations
         as the tests will ask for them."""
         self.pool.plan([[(name, self.model(model), self._config(name, options)) for name, model, options in group]
                         for group in groups])

@@ -150,7 +150,7 @@ def test_engines_of_paging_only_tests_with_a_fixed_budget_are_planned_side_by_si
     """Only tests whose baseline gates no timing and whose engine has a fixed KV budget may share the card
     with their neighbours' engines; side by side, the sort puts them after the other engines' tests, so that
     they follow one another, and the planned group holds each configuration once."""
-    from pytest_llmperf.selection import engine_order, side_by_side
+    from pytest_llmperf.selection import engine_order, side_by_side_groups
 
     items = pytester.getitems(BESIDE)
     order = engine_order(items, in_process_last=True, beside_last=True)
@@ -158,9 +158,9 @@ def test_engines_of_paging_only_tests_with_a_fixed_budget_are_planned_side_by_si
     assert [i.name for i in ran] == ["test_paging_by_memory", "test_timed", "test_no_engine", "test_paging_a",
                                      "test_paging_b", "test_paging_b_again", "test_timed_fixed_budget",
                                      "test_paging_with_a_factory"]
-    groups = side_by_side(ran, "vllm", {"vllm", "hf"})
+    groups = side_by_side_groups(ran, "vllm", {"vllm", "hf"})
     assert groups == [[("vllm", None, {"block_size": 16, "num_gpu_blocks_override": 64}),
                        ("vllm", None, {"block_size": 32, "num_gpu_blocks_override": 32})]]
     # a test between them that asks for another engine ends a run; one that uses none does not
-    assert side_by_side(items, "vllm", {"vllm", "hf"}) == []
-    assert len(side_by_side([items[i] for i in (0, 4, 2)], "vllm", {"vllm", "hf"})[0]) == 2
+    assert side_by_side_groups(items, "vllm", {"vllm", "hf"}) == []
+    assert len(side_by_side_groups([items[i] for i in (0, 4, 2)], "vllm", {"vllm", "hf"})[0]) == 2

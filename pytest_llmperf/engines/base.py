@@ -193,7 +193,7 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-def side_by_side(calls: Sequence[Callable[[], None]]) -> list[BaseException]:
+def all_at_once(calls: Sequence[Callable[[], None]]) -> list[BaseException]:
     """Runs `calls` at once, each in a thread, and returns what they raised. At interpreter exit (the
     pool's atexit stop), where no new thread may start, one after another."""
     errors: list[BaseException] = []
@@ -204,7 +204,7 @@ def side_by_side(calls: Sequence[Callable[[], None]]) -> list[BaseException]:
         except BaseException as e:  # noqa: BLE001 - returned to the caller, which raises the first
             errors.append(e)
 
-    threads = [threading.Thread(target=run, args=(call,), name="llmperf-engine-stop") for call in calls]
+    threads = [threading.Thread(target=run, args=(call,), name="llmperf-at-once") for call in calls]
     try:
         for t in threads:
             t.start()
@@ -232,7 +232,7 @@ class EnginePool:
     for before the new engine measures anything.
 
     `plan` names groups of configurations that may live side by side (engines of a fixed KV budget whose
-    tests gate no timing: selection.side_by_side): asking for one starts the whole group at once and
+    tests gate no timing: selection.side_by_side_groups): asking for one starts the whole group at once and
     waits until every one has started, so that none measures while another starts; each is then handed
     out as asked for, the others idle beside it (`beside` names their processes, whose memory the runner
     takes off the card's reading). Asking for a configuration outside the group stops the group.
@@ -327,7 +327,7 @@ class EnginePool:
         if not engines:
             return
         with self.times.timed("engine stop"):
-            errors = side_by_side([e.shutdown for e in engines])
+            errors = all_at_once([e.shutdown for e in engines])
             if self.after_close is not None and any(e.holds_device for e in engines):
                 self.after_close()
         if errors:

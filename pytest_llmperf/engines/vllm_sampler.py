@@ -12,9 +12,10 @@ version from 0.10 to 0.34) that records one line per step and appends them to th
 `LLMPERF_KV_TRACE` when the engine goes idle, followed by `#cost_ns=` and the time the recorder has
 spent in its own code so far; the test process reads the lines a run produced. The variable is set once
 per test process and names `{instance}`, which the recorder fills with its engine's
-`vllm_config.instance_id` (made per engine by the front end, 0.10.0-0.34.0): engines started side by side
-in one process each write a file of their own, although every engine-core process inherits the same
-environment. The recorder also writes `#pid=` (its process): the engine's memory on the card.
+`vllm_config.instance_id` (made per engine by the front end and pickled to its engine core; checked on
+0.26.0 on a GPU and 0.31.0 and 0.32.0 on a CPU; a vLLM without it shares one file, which engines one at a
+time can): engines started side by side in one process each write a file of their own, although every
+engine-core process inherits the same environment. The recorder also writes `#pid=` (its process): the engine's memory on the card.
 Access paths, and the versions they were checked on:
 
 - `self.kv_cache_manager.block_pool.{num_gpu_blocks, get_num_free_blocks()}` (0.10.0-0.34.0;
