@@ -4,7 +4,8 @@
 # default on a GPU), then a warm run with --llmperf-side-by-side=off and a warm run side by side, each its
 # own pytest process against the shipped baselines of the lent card's class (scripts/gpu-gate.sh require),
 # while they fit in TOTAL_S. Prints each run's time to verdict, its engine starts, and each paging test's
-# GPU memory against its baseline; packs the runs into $OUT/runs.tgz.
+# GPU memory against its baseline; packs the runs into $OUT/runs.tgz. RUNS: which runs and in what order
+# (default "s1 o1 s2"; sN side by side, oN one at a time; the first is the fresh one).
 set -o pipefail
 total=${1:-560}
 start=$(date +%s)
@@ -18,9 +19,15 @@ run() {  # LABEL CAP [pytest options]
   BUDGET_S=$(( budget < cap ? budget : cap )) scripts/gpu-gate.sh require "$label" "$@"
   runs+=("$label")
 }
-run s1 300
-run o1 170 --llmperf-side-by-side=off
-run s2 170
+first=1
+for label in ${RUNS:-s1 o1 s2}; do
+  cap=170
+  [ "$first" = 1 ] && cap=300 first=0
+  case $label in
+    o*) run "$label" "$cap" --llmperf-side-by-side=off ;;
+    *) run "$label" "$cap" ;;
+  esac
+done
 for label in "${runs[@]}"; do
   python3 - "$OUT/$label/results.json" "$label" <<'PY'
 import json, sys
