@@ -170,6 +170,7 @@ def session(config: pytest.Config, hardware: str, engines: dict[str, str]) -> Se
         retries=retries,
         warmup=_warmup(config),
         side_by_side=_side_by_side(config),
+        xdist_worker=hasattr(config, "workerinput"),
         engine_settings={"openai": openai} if openai else {},
         server_options=engine_config(value(config, "server-config"), "server-config"),
     )

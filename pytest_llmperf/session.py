@@ -3,7 +3,6 @@ what every test recorded. The plugin's hooks and fixtures both read it from here
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import MutableMapping
 from dataclasses import asdict, dataclass, field
@@ -49,6 +48,7 @@ class Session:
     retries: int = 2
     warmup: str = "auto"  # what llmperf.run(warmup=True) does (runner.WARMUP_MODES)
     side_by_side: str = "auto"  # --llmperf-side-by-side (SIDE_BY_SIDE_MODES)
+    xdist_worker: bool = False  # this session is a pytest-xdist worker's (not a session a test of one started)
     # warmed until steady once, with the pass-to-pass noise their warm-up saw (runner.py)
     steady_engines: MutableMapping[Engine, float] = field(default_factory=weakref.WeakKeyDictionary)
     # per engine name, options the session's command line gives that engine (the openai engine's server URL)
@@ -132,7 +132,7 @@ class Session:
     def starts_side_by_side(self) -> bool:
         """Whether engines may start together: asked for, or by default where a GPU is sampled; never in a
         pytest-xdist worker, which learns the tests it runs one at a time (its collection holds them all)."""
-        if "PYTEST_XDIST_WORKER" in os.environ:
+        if self.xdist_worker:
             return False
         return self.side_by_side == "on" or (self.side_by_side == "auto" and bool(self.gpus))
 

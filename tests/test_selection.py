@@ -164,3 +164,20 @@ def test_engines_of_paging_only_tests_with_a_fixed_budget_are_planned_side_by_si
     # a test between them that asks for another engine ends a run; one that uses none does not
     assert side_by_side_groups(items, "vllm", {"vllm", "hf"}) == []
     assert len(side_by_side_groups([items[i] for i in (0, 4, 2)], "vllm", {"vllm", "hf"})[0]) == 2
+
+
+def test_engines_start_side_by_side_with_a_gpu_or_when_asked_and_never_in_an_xdist_worker():
+    """A pytest-xdist worker collects every test but runs those the controller sends: it cannot plan. A
+    session that a test of such a worker starts is no worker, although it inherits its environment."""
+    from pathlib import Path
+
+    from pytest_llmperf.gating import GateConfig
+    from pytest_llmperf.session import Session
+
+    def session(mode, gpus=(), worker=False):
+        return Session("vllm", "shape:tiny-llama", {}, "cpu", None, GateConfig("off", Path("."), 0.1, "cpu", "m"),
+                       gpus=gpus, side_by_side=mode, xdist_worker=worker)
+
+    assert [session(m).starts_side_by_side for m in ("auto", "on", "off")] == [False, True, False]
+    assert session("auto", gpus=("a card",)).starts_side_by_side
+    assert not session("on", worker=True).starts_side_by_side
