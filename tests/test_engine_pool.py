@@ -1,6 +1,7 @@
-"""The engine pool's stops (plugin mechanics, FAKE engines: tests/fake_engine.py). On a machine without a
-GPU the engine that makes way for another stops in the background, beside the next one's start; it has
-stopped before the next engine returns (so before anything is measured), and its errors are not lost."""
+"""The engine pool's stops and its groups side by side (plugin mechanics, FAKE engines: tests/fake_engine.py;
+real vLLM engines side by side: test_side_by_side.py). On a machine without a GPU the engine that makes way
+for another stops in the background, beside the next one's start; it has stopped before the next engine
+returns (so before anything is measured), and its errors are not lost."""
 
 from types import SimpleNamespace
 
