@@ -123,7 +123,9 @@ class FakeBesideEngine(FakeStoppingEngine):
     `config["start_s"]` and logs when it began and ended, raises `config["start_error"]` if given, and it
     names `config["pid"]` as the process holding its device memory."""
 
-    starts_beside = True
+    @classmethod
+    def starts_beside(cls):
+        return True
 
     def __init__(self, model, config):
         config["log"].append(f"begin {config['id']}")

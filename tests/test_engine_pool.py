@@ -113,3 +113,14 @@ def test_a_group_of_engines_that_cannot_start_beside_another_is_not_planned(log)
     pool.get(*group[1])
     assert log == ["start a", "stop a", "start b"]
     pool.close()
+
+
+def test_vllm_engines_whose_core_runs_in_the_test_process_are_not_planned_side_by_side(monkeypatch):
+    """With VLLM_ENABLE_V1_MULTIPROCESSING=0 every engine core runs in the test process: NVML charges all
+    their memory to that one process, and no engine's reading could be told from its neighbours'."""
+    from pytest_llmperf.engines.vllm import VLLMEngine
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    assert not VLLMEngine.starts_beside()
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    assert VLLMEngine.starts_beside()

@@ -98,9 +98,6 @@ class Engine(ABC):
     max_model_len: int
     vocab_size: int
     holds_device = True  # False for a client of a server someone else runs (nothing to free)
-    # True where engines of this class can start side by side in one process (each one's measurements stay
-    # its own: vLLM's recorder writes a file per engine) and name the processes that hold their memory
-    starts_beside = False
     # True when the KV pool's size is set by the configuration, not by the machine's free memory: with an
     # offline workload, paging then repeats exactly and is compared with its baseline exactly
     fixed_kv_budget = False
@@ -133,6 +130,12 @@ class Engine(ABC):
     @abstractmethod
     def shutdown(self) -> None:
         """Release every process and all device memory; safe to call twice."""
+
+    @classmethod
+    def starts_beside(cls) -> bool:
+        """Whether engines of this class can start side by side in one process, each one's measurements its
+        own, and name processes that hold their device memory and no other engine's."""
+        return False
 
     def device_pids(self) -> frozenset[int]:
         """The processes holding this engine's device memory (NVML charges memory per process): what is
@@ -263,7 +266,7 @@ class EnginePool:
         """Configurations (name, model, config) to start side by side, a group at a time; a group of one
         starts as any other engine. Configurations whose class cannot start beside another are left out."""
         for group in groups:
-            members = tuple(m for m in group if engine_class(m[0], self.engines).starts_beside)
+            members = tuple(m for m in group if engine_class(m[0], self.engines).starts_beside())
             if len(members) > 1:
                 for member in members:  # a configuration of two runs of tests belongs to the first
                     self._groups.setdefault(config_key(*member), members)
