@@ -16,7 +16,7 @@ import pytest
 from . import options
 from .assertions import MarkerError
 from .engines.base import gpus_of
-from .gpu import GpuError, release_waiter, visible_count
+from .gpu import GpuError, beside_checker, release_waiter, visible_count
 from .gpu import claim as claim_gpus
 from .selection import uses_plugin
 from .session import SESSION, engine_options
@@ -39,6 +39,7 @@ def activate(config: pytest.Config, items: Sequence[pytest.Item] = ()) -> None:
         config.stash[_CLAIM_ERROR] = str(e)
         return
     state.pool.after_close = release_waiter(state.gpus)
+    state.pool.check_beside = beside_checker(state.gpus)
     state.pool.stop_in_background = not state.gpus  # no device memory for the next engine to wait for
     _stop_engines_on_sigterm(config)
 

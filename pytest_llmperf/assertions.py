@@ -208,6 +208,12 @@ MARKERS: dict[str, Callable[..., list[Limit]]] = {
 }
 
 
+# markers whose limit reads time or the card's power: an engine idle beside the one measured could move them, so
+# their tests' engines never start side by side (selection.side_by_side_groups)
+TIMING_MARKERS = frozenset({"max_p50_ms", "max_p90_ms", "max_p95_ms", "max_p99_ms", "min_throughput", "min_capacity",
+                            "min_throughput_per_gib", "max_energy_per_token"})
+
+
 def marker_help(name: str) -> str:
     """The `pytest --markers` line, built from the function itself."""
     fn = MARKERS[name]

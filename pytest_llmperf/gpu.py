@@ -267,6 +267,27 @@ def memory_held_by(indices: Sequence[int], pids: frozenset[int]) -> dict[int, in
         pynvml.nvmlShutdown()
 
 
+def beside_checker(gpus: Sequence[GpuInfo]) -> Callable[[Sequence[frozenset[int]]], str | None] | None:
+    """Why engines side by side on `gpus` cannot be measured apart, given each engine's processes (None:
+    they can): the runner takes what NVML charges an idle neighbour's processes off the card's reading,
+    which needs every engine to name its processes and NVML to charge them memory (in a container
+    without the host's process ids it charges them nothing)."""
+    if not gpus:
+        return None
+    indices = [g.index for g in gpus]
+
+    def why_not(engines: Sequence[frozenset[int]]) -> str | None:
+        for pids in engines:
+            if not pids:
+                return "an engine of the group names no process of its own"
+            if not any(memory_held_by(indices, pids).values()):
+                return (f"NVML charges no memory to the engine processes {sorted(pids)}: in a container without "
+                        "the host's process ids it cannot, so a neighbour's memory could not be taken off the card's")
+        return None
+
+    return why_not
+
+
 def wait_for_release(index: int, limit_bytes: int, timeout_s: float = 60.0) -> float:
     """Block until the device's used memory is back under `limit_bytes` (the memory seen before the
     engine started, plus slack); returns the seconds waited. Two engines on one card give false

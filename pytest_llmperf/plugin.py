@@ -97,7 +97,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # the tests that will run, in their order (after -m and -k): which engines may start together
     state = session.config.stash[SESSION]
     if state.starts_side_by_side:
-        state.plan_side_by_side(selection.side_by_side_groups(session.items, state.engine_name, set(state.engines)))
+        groups = selection.side_by_side_groups(session.items, state.engine_name, set(state.engines), state.hardware)
+        state.plan_side_by_side(groups)
 
 
 def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> str | None:

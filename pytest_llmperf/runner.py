@@ -137,7 +137,7 @@ class LLMPerf:
             for i in range(repeats):
                 traces.append(self._measured(engine, workload, salt=i))
         except BaseException as e:
-            if self.on_broken is not None:
+            if self.on_broken is not None and not isinstance(e, GpuError):  # the card's reading, not the engine
                 self.on_broken(engine)
             died = getattr(e, "trace", None)  # the measured pass an engine died in: its failed requests count
             if measuring and died is not None:

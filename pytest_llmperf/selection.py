@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from . import markers, properties
-from .assertions import MarkerError
+from .assertions import TIMING_MARKERS, MarkerError
 from .baseline import BaselineError, gates_timing
 from .engines import registry
 from .gpu import KNOWN_CLASSES
@@ -104,31 +104,74 @@ def engine_order(items: list[pytest.Item], in_process_last: bool,
 Planned = tuple[str, "str | None", dict[str, Any]]
 
 
-def side_by_side_groups(items: list[pytest.Item], engine_name: str, engines: set[str]) -> list[list[Planned]]:
+def side_by_side_groups(items: list[pytest.Item], engine_name: str, engines: set[str],
+                        hardware: str | None = None) -> list[list[Planned]]:
     """Engine configurations that may start together and live side by side, in the order tests ask for
     them: each maximal run of consecutive tests whose engine fixture (`<engine>_engine`, `llm_engine`) has
     a fixed KV budget (`num_gpu_blocks_override`, so its paging does not depend on the memory its
-    neighbours hold) and whose baseline gates no timing metric (a neighbour's start would move timing; none
-    measures while another starts, but they stay beside it). A test that asks for another engine, or
-    makes its own (a factory), ends the run."""
+    neighbours hold) and whose baseline and limits judge no timing (a neighbour's start would move timing;
+    none measures while another starts, but they stay beside it). A test that asks for another engine, or
+    makes its own (a factory), ends the run. The pool hands out one engine per configuration, so a
+    configuration that any test uses with timing judged is never planned: that test finds its engine alone.
+    Tests that will be skipped (a `skip` marker, a `skipif` whose condition is True, another `hardware`
+    class) are passed over: no engine starts for them."""
+    asked = [(item, _asked(item, engine_name, engines)) for item in items if not _skipped(item, hardware)]
+    timed = {_config_key(found[0]) for _, found in asked if found and found[0] is not None and found[2]}
     groups: list[list[Planned]] = [[]]
-    for item in items:
-        names = set(getattr(item, "fixturenames", ()))
-        asked = sorted(n for n in names if n == "llm_engine" or n.removesuffix("_engine") in engines)
-        if not asked and not any(n.removesuffix("_engine_factory") in engines for n in names):
+    for _, found in asked:
+        if found is None:
             continue  # no engine of the pool: the run goes on
-        planned = _planned(item, engine_name if asked == ["llm_engine"] else asked[0].removesuffix("_engine")) \
-            if len(asked) == 1 and not any(n.endswith("_engine_factory") for n in names) else None
-        if planned is None:
+        config, joins, _ = found
+        if config is None or not joins or _config_key(config) in timed:
             groups.append([])
-        elif planned not in groups[-1]:
-            groups[-1].append(planned)
+        elif config not in groups[-1]:
+            groups[-1].append(config)
     return [g for g in groups if len(g) > 1]
 
 
+def _asked(item: pytest.Item, engine_name: str, engines: set[str]) -> tuple[Planned | None, bool, bool] | None:
+    """The pool's engine configuration `item` asks for (None where it asks for several or its markers are
+    wrong), whether its engine may join a group, and whether the test judges timing; None for a test that
+    uses no engine of the pool."""
+    names = set(getattr(item, "fixturenames", ()))
+    fixtures = sorted(n for n in names if n == "llm_engine" or n.removesuffix("_engine") in engines)
+    factory = any(n.removesuffix("_engine_factory") in engines for n in names)
+    if not fixtures:
+        return (None, False, False) if factory else None
+    if len(fixtures) > 1:
+        return None, False, False
+    engine = engine_name if fixtures == ["llm_engine"] else fixtures[0].removesuffix("_engine")
+    found = _configuration(item, engine)
+    if found is None:
+        return None, False, False
+    config, timed = found
+    return config, not (timed or factory or "num_gpu_blocks_override" not in config[2]), timed
+
+
+def _config_key(config: Planned) -> str:
+    engine, model, options = config
+    return repr((engine, model, sorted(options.items())))
+
+
+def _skipped(item: pytest.Item, hardware: str | None) -> bool:
+    if item.get_closest_marker("skip") is not None:
+        return True
+    if any(a is True for m in item.iter_markers("skipif") for a in m.args):
+        return True
+    wanted = [m.name for m in item.iter_markers() if m.name in KNOWN_CLASSES]
+    return hardware is not None and bool(wanted) and hardware not in wanted
+
+
 def _planned(item: pytest.Item, engine: str) -> Planned | None:
+    found = _configuration(item, engine)
+    return found[0] if found is not None and not found[1] and "num_gpu_blocks_override" in found[0][2] else None
+
+
+def _configuration(item: pytest.Item, engine: str) -> tuple[Planned, bool] | None:
+    """`item`'s engine configuration, and whether the test judges timing (by its baseline or its limits).
+    None where its markers are wrong (reported at setup)."""
     try:
         options, model, timed = engine_options(item), model_option(item), gates_timing(gate_option(item))
-    except (MarkerError, BaselineError):  # reported at setup, with the test's name
+    except (MarkerError, BaselineError):
         return None
-    return None if timed or "num_gpu_blocks_override" not in options else (engine, model, options)
+    return (engine, model, options), timed or any(m.name in TIMING_MARKERS for m in item.iter_markers())

@@ -120,7 +120,8 @@ class FakeProbedEngine(Engine):
 
 class FakeBesideEngine(FakeStoppingEngine):
     """A FAKE engine for plugin mechanics (engines started side by side): its start takes
-    `config["start_s"]` and logs when it began and ended, raises `config["start_error"]` if given, and it
+    `config["start_s"]` and logs when it began and ended, waits at `config["together"]` (a barrier: it
+    passes only if every member's start runs at once), raises `config["start_error"]` if given, and it
     names `config["pid"]` as the process holding its device memory."""
 
     @classmethod
@@ -130,6 +131,8 @@ class FakeBesideEngine(FakeStoppingEngine):
     def __init__(self, model, config):
         config["log"].append(f"begin {config['id']}")
         time.sleep(config.get("start_s", 0.0))
+        if config.get("together"):
+            config["together"].wait(timeout=10)
         if config.get("start_error"):
             raise config["start_error"]
         super().__init__(model, config)

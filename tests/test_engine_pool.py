@@ -3,6 +3,7 @@ real vLLM engines side by side: test_side_by_side.py). On a machine without a GP
 for another stops in the background, beside the next one's start; it has stopped before the next engine
 returns (so before anything is measured), and its errors are not lost."""
 
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -64,7 +65,9 @@ def member(log, id_, **more):
 
 def test_a_planned_group_starts_together_and_each_engine_is_handed_out_beside_the_others(log):
     pool = EnginePool(engines=BESIDE)
-    group = [member(log, "a", start_s=0.3), member(log, "b", start_s=0.1), member(log, "c")]
+    together = threading.Barrier(3)  # passed only if the three starts run at once
+    group = [member(log, "a", together=together), member(log, "b", together=together),
+             member(log, "c", together=together)]
     pool.plan([group])
     first = pool.get(*group[0])
     # every member began before any had ended, and all had started before the first was handed out
@@ -75,21 +78,63 @@ def test_a_planned_group_starts_together_and_each_engine_is_handed_out_beside_th
     pool.get("single", MODEL, {"id": "d", "log": log})  # another configuration: the group stops first
     assert sorted(log[6:9]) == ["stop a", "stop b", "stop c"] and log[9] == "start d"
     assert pool.beside(first) == frozenset()
+    # a member asked for again (a re-measurement after the group stopped) starts alone, not with the group
+    again = pool.get(*group[0][:2], {**group[0][2], "together": None})
+    assert again is not first and log[-3:] == ["stop d", "begin a", "start a"] and pool.starts == 5
     pool.close()
-    assert log[-1] == "stop d"
+    assert log[-1] == "stop a"
 
 
-def test_a_member_that_fails_to_start_fails_its_own_test_only_and_is_tried_again_when_asked(log):
+def test_a_member_that_fails_to_start_beside_the_others_stops_the_group_and_engines_start_one_at_a_time(log):
+    """An engine may not start beside others (the card's memory): its neighbours stop, the session goes on
+    one engine at a time, and the failing configuration fails its own test, alone, with its own error."""
     pool = EnginePool(engines=BESIDE)
     broken = member(log, "b", start_error=RuntimeError("no memory"))
     group = [member(log, "a"), broken]
     pool.plan([group])
-    a = pool.get(*group[0])
+    with pytest.warns(UserWarning, match=r"not started side by side \(RuntimeError: no memory\).*one at a time"):
+        a = pool.get(*group[0])
+    assert sorted(log[:3]) == ["begin a", "begin b", "start a"] and log[3:] == ["stop a", "begin a", "start a"]
+    assert pool.beside(a) == frozenset()
     with pytest.raises(RuntimeError, match="no memory"):
         pool.get(*broken)
-    assert pool.get(*group[0]) is a and log.count("begin b") == 2  # tried again, alone, beside a
+    assert log[-2:] == ["stop a", "begin b"]  # tried alone: the engine before it stopped first
     pool.close()
-    assert log[-1] == "stop a"
+
+
+def test_a_group_whose_memory_nvml_cannot_tell_apart_is_stopped_and_engines_start_one_at_a_time(log):
+    """In a container without the host's process ids NVML charges an engine's processes nothing: no
+    neighbour's memory could be taken off the card's reading, so no engine may start beside another."""
+    pool = EnginePool(engines=BESIDE)
+    seen = []
+    pool.check_beside = lambda engines: seen.append(engines) or "NVML charges no memory to the engine processes"
+    groups = [[member(log, "a"), member(log, "b")], [member(log, "c"), member(log, "d")]]
+    pool.plan(groups)
+    with pytest.warns(UserWarning, match="NVML charges no memory"):
+        a = pool.get(*groups[0][0])
+    assert seen == [[{ord("a")}, {ord("b")}]] and pool.beside(a) == frozenset()
+    pool.get(*groups[1][0])  # the next group too starts one engine at a time
+    assert log[-3:] == ["stop a", "begin c", "start c"] and "begin d" not in log
+    pool.close()
+
+
+def test_a_session_interrupted_while_a_group_starts_still_stops_every_engine_of_it(log, monkeypatch):
+    """Ctrl-C reaches the main thread while it waits for the group's starts: the starts go on in their
+    threads, and closing the pool waits for them and stops what they started."""
+    from pytest_llmperf.engines import base
+
+    def interrupted(futures):
+        raise KeyboardInterrupt
+
+    pool = EnginePool(engines=BESIDE)
+    group = [member(log, "a", start_s=0.2), member(log, "b", start_s=0.2)]
+    pool.plan([group])
+    monkeypatch.setattr(base, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pool.get(*group[0])
+    monkeypatch.undo()
+    pool.close()
+    assert sorted(e for e in log if e.startswith("stop")) == ["stop a", "stop b"]
 
 
 def test_a_restarted_or_broken_member_is_replaced_beside_the_others(log):
@@ -102,6 +147,7 @@ def test_a_restarted_or_broken_member_is_replaced_beside_the_others(log):
     assert again is not a and pool.get(*group[1]) is b and log[-3:] == ["stop a", "begin a", "start a"]
     pool.discard(b)
     assert pool.beside(again) == frozenset() and pool.get(*group[1]) is not b
+    assert log[-2:] == ["begin b", "start b"]  # b alone: a still runs beside it
     pool.close()
 
 

@@ -68,9 +68,13 @@ class FakeNvml:
     class NVMLError(Exception):
         pass
 
-    def __init__(self, good):
+    def __init__(self, good, processes=None):
         self.good, self.calls = good, 0
         self.slow_reads = self.energy_reads = 0
+        self.processes = processes or {}  # device -> {pid: bytes NVML charges it}
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return [type("P", (), {"pid": pid, "usedGpuMemory": used})() for pid, used in self.processes.get(handle, {}).items()]
 
     def nvmlInit(self):
         pass
@@ -257,6 +261,24 @@ def test_a_reading_beside_idle_engines_is_the_card_less_what_nvml_charges_them_p
 
     samples = (GpuSample(0.0, 5_000, device=0), GpuSample(0.0, 900, device=1), GpuSample(0.1, 6_000, device=0))
     assert [s.memory_used_bytes for s in own_memory(samples, {0: 3_000})] == [2_000, 900, 3_000]
+
+
+def test_nvml_charges_neighbours_their_own_processes_memory_and_a_group_it_cannot_see_is_refused(monkeypatch):
+    """Engines side by side are measured apart only where NVML names their processes: in a container
+    without the host's process ids it lists other ids, and the group must not be measured."""
+    import sys
+
+    from pytest_llmperf.gpu import GpuInfo, beside_checker, memory_held_by
+
+    nvml = FakeNvml(good=10**6, processes={0: {11: 3 << 30, 12: 1 << 30, 99: 5 << 30}, 1: {12: 2 << 30}})
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    assert memory_held_by([0, 1], frozenset({11, 12})) == {0: 4 << 30, 1: 2 << 30}
+    gpus = [GpuInfo(0, "NVIDIA H100", "h100", 79.6, "-", "-", "9.0")]
+    check = beside_checker(gpus)
+    assert check([frozenset({11}), frozenset({12, 13})]) is None
+    assert "NVML charges no memory to the engine processes [7]" in check([frozenset({11}), frozenset({7})])
+    assert "names no process" in check([frozenset({11}), frozenset()])
+    assert beside_checker([]) is None  # no GPU: nothing to tell apart
 
 
 def test_an_engines_processes_are_its_core_and_every_process_below_it():

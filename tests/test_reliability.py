@@ -211,6 +211,21 @@ def test_a_crash_after_some_repeats_keeps_them_as_a_partial_result():
     assert partial.partial and partial.repeats == 1 and broken == [engine]
 
 
+def test_a_gpu_reading_that_cannot_be_made_does_not_count_as_a_broken_engine():
+    """The card's memory beside other engines that NVML cannot tell apart is the runner's error, not the
+    engine's: the pool must not stop a healthy engine for it."""
+    from pytest_llmperf.gpu import GpuError
+
+    class FakeUnreadEngine(FakeCrashingEngine):
+        def run(self, workload, salt=0):
+            raise GpuError("NVML charges no memory to the engines beside this one")
+
+    broken = []
+    with pytest.raises(GpuError):
+        LLMPerf(on_broken=broken.append).run(FakeUnreadEngine(), Workload.offline(1, 8, 2), warmup=False)
+    assert broken == []
+
+
 def test_three_rounds_do_not_grow_host_memory(vllm_engine_factory, hf_engine_factory, llmperf):
     """A short soak: the same workloads three times through both engines; the host memory of this
     process and its engine processes must not keep growing between the second and third round."""

@@ -166,6 +166,64 @@ def test_engines_of_paging_only_tests_with_a_fixed_budget_are_planned_side_by_si
     assert len(side_by_side_groups([items[i] for i in (0, 4, 2)], "vllm", {"vllm", "hf"})[0]) == 2
 
 
+SHARED = """
+import pytest
+
+PAGING = pytest.mark.llmperf_gate("paging")
+
+@PAGING
+@pytest.mark.llmperf_engine(block_size=16, num_gpu_blocks_override=64)
+def test_a(vllm_engine, llmperf):
+    pass
+
+@PAGING
+@pytest.mark.skip(reason="not here")
+@pytest.mark.llmperf_engine(block_size=256, num_gpu_blocks_override=8)
+def test_skipped(vllm_engine, llmperf):
+    pass
+
+@PAGING
+@pytest.mark.h100
+@pytest.mark.llmperf_engine(block_size=512, num_gpu_blocks_override=8)
+def test_other_hardware(vllm_engine, llmperf):
+    pass
+
+@PAGING
+@pytest.mark.llmperf_engine(block_size=64, num_gpu_blocks_override=16)
+def test_c(vllm_engine, llmperf):
+    pass
+
+@PAGING
+@pytest.mark.llmperf_engine(block_size=32, num_gpu_blocks_override=32)
+def test_b(vllm_engine, llmperf):
+    pass
+
+@PAGING
+@pytest.mark.max_p99_ms(ttft=100)
+@pytest.mark.llmperf_engine(block_size=128, num_gpu_blocks_override=8)
+def test_limited(vllm_engine, llmperf):
+    pass
+
+@pytest.mark.llmperf_engine(block_size=32, num_gpu_blocks_override=32)
+def test_timed_b(vllm_engine, llmperf):
+    pass
+"""
+
+
+def test_a_configuration_some_test_times_is_never_planned_nor_one_whose_tests_will_be_skipped(pytester):
+    """The pool hands out one engine per configuration: one that a timed test also uses (by its baseline
+    or by a limit such as max_p99_ms) must be found alone, so it is never in a group; tests that will be
+    skipped start no engine and do not end a run."""
+    from pytest_llmperf.selection import side_by_side_groups
+
+    items = pytester.getitems(SHARED)
+    assert side_by_side_groups(items, "vllm", {"vllm", "hf"}, "cpu") == [
+        [("vllm", None, {"block_size": 16, "num_gpu_blocks_override": 64}),
+         ("vllm", None, {"block_size": 64, "num_gpu_blocks_override": 16})]]
+    # on the hardware the test names, it is planned too
+    assert len(side_by_side_groups(items, "vllm", {"vllm", "hf"}, "h100")[0]) == 3
+
+
 def test_engines_start_side_by_side_with_a_gpu_or_when_asked_and_never_in_an_xdist_worker():
     """A pytest-xdist worker collects every test but runs those the controller sends: it cannot plan. A
     session that a test of such a worker starts is no worker, although it inherits its environment."""
@@ -181,3 +239,21 @@ def test_engines_start_side_by_side_with_a_gpu_or_when_asked_and_never_in_an_xdi
     assert [session(m).starts_side_by_side for m in ("auto", "on", "off")] == [False, True, False]
     assert session("auto", gpus=("a card",)).starts_side_by_side
     assert not session("on", worker=True).starts_side_by_side
+
+
+def test_a_planned_configuration_that_cannot_be_resolved_is_left_out_for_its_test_to_fail_alone(tmp_path, monkeypatch):
+    """Planning runs at the end of collection: a test's model folder without config.json, or an engine
+    that does not import, must fail that test at its setup, not the session."""
+    from pytest_llmperf.engines.base import config_key
+    from pytest_llmperf.gating import GateConfig
+    from pytest_llmperf.session import Session
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # engine cores of their own: they may start beside
+    state = Session("vllm", "shape:tiny-llama", {}, "cpu", None, GateConfig("off", tmp_path, 0.1, "cpu", "m"),
+                    engines={"vllm": "pytest_llmperf.engines.vllm:VLLMEngine", "broken": "no_such_module:Engine"})
+    budget = {"num_gpu_blocks_override": 8}
+    state.plan_side_by_side([[("vllm", str(tmp_path), budget), ("broken", None, budget),
+                              ("vllm", None, {**budget, "block_size": 32}), ("vllm", None, {**budget, "block_size": 64})]])
+    model = state.model()
+    planned = {config_key("vllm", model, {**budget, "block_size": b}) for b in (32, 64)}
+    assert set(state.pool._groups) == planned

@@ -9,10 +9,11 @@ import importlib
 import importlib.util
 import threading
 import time
+import warnings
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -235,10 +236,13 @@ class EnginePool:
     for before the new engine measures anything.
 
     `plan` names groups of configurations that may live side by side (engines of a fixed KV budget whose
-    tests gate no timing: selection.side_by_side_groups): asking for one starts the whole group at once and
-    waits until every one has started, so that none measures while another starts; each is then handed
-    out as asked for, the others idle beside it (`beside` names their processes, whose memory the runner
-    takes off the card's reading). Asking for a configuration outside the group stops the group.
+    tests gate no timing: selection.side_by_side_groups): asking for one the first time starts the whole
+    group at once and waits until every one has started, so that none measures while another starts; each
+    is then handed out as asked for, the others idle beside it (`beside` names their processes, whose
+    memory the runner takes off the card's reading). Asking for a configuration outside the group stops
+    the group; asking for a member again later starts that one alone. Where a member fails to start beside
+    the others, or `check_beside` finds their memory cannot be told apart (NVML without the host's process
+    ids), the group is stopped with a warning and every engine starts one at a time from then on.
     """
 
     def __init__(self, after_close: Callable[[], None] | None = None, times: PhaseTimes | None = None,
@@ -258,7 +262,11 @@ class EnginePool:
         # how each engine this pool started was asked for, so a closed one can be started again
         self._made: weakref.WeakKeyDictionary[Engine, tuple[str, ModelSpec, dict[str, Any]]] = weakref.WeakKeyDictionary()
         self._groups: dict[str, tuple[tuple[str, ModelSpec, dict[str, Any]], ...]] = {}  # key -> its planned group
+        self._entered: set[tuple[str, ...]] = set()  # groups started once (their members' keys)
         self._beside: dict[str, Engine] = {}  # the started group's engines, by key
+        self._pending: list[Future[Engine]] = []  # a group's starts not yet waited for (Ctrl-C while they ran)
+        # why the engines of a started group cannot be measured apart (None: they can), e.g. gpu.beside_checker
+        self.check_beside: Callable[[Sequence[frozenset[int]]], str | None] | None = None
         self._books = threading.Lock()
         atexit.register(self.close)  # also on Ctrl-C and crashes that skip pytest's own teardown
 
@@ -266,7 +274,7 @@ class EnginePool:
         """Configurations (name, model, config) to start side by side, a group at a time; a group of one
         starts as any other engine. Configurations whose class cannot start beside another are left out."""
         for group in groups:
-            members = tuple(m for m in group if engine_class(m[0], self.engines).starts_beside())
+            members = tuple(m for m in group if self._may_start_beside(m[0]))
             if len(members) > 1:
                 for member in members:  # a configuration of two runs of tests belongs to the first
                     self._groups.setdefault(config_key(*member), members)
@@ -297,39 +305,68 @@ class EnginePool:
             self._made[engine] = (name, model, dict(config))
         return engine
 
-    def _start_beside(self, key: str, member: tuple[str, ModelSpec, dict[str, Any]]) -> None:
-        # kept as soon as it has started: a session stopped meanwhile (Ctrl-C) still stops it at close
-        self._beside[key] = self._start(*member)
+    def _may_start_beside(self, name: str) -> bool:
+        try:
+            return engine_class(name, self.engines).starts_beside()
+        except (EngineError, ImportError):  # its test fails at setup with that error, alone
+            return False
 
     def _get_beside(self, key: str) -> Engine:
-        """`key`'s engine of its group, the group's missing members started side by side first (each in a
-        thread: an engine's start waits on its own processes)."""
+        """`key`'s engine of its group: the first time, the whole group started side by side (each in a
+        thread: an engine's start waits on its own processes); later, `key`'s alone if it is not running."""
         if _running(self._beside.get(key)):
             return self._beside[key]
         group = self._groups[key]
-        if any(k not in {config_key(*m) for m in group} for k in self._beside):
+        keys = tuple(config_key(*m) for m in group)
+        if any(k not in keys for k in self._beside):
             self._close_beside()  # another group's
         self._retire()
         self._wait_for_stops()
-        missing = [m for m in group if not _running(self._beside.get(config_key(*m)))]
-        if missing:
-            with self.times.timed("engine start"), ThreadPoolExecutor(len(missing), "llmperf-engine-start") as starter:
-                started = {config_key(*m): starter.submit(self._start_beside, config_key(*m), m) for m in missing}
-            error = started[key].exception() if key in started else None
-            if error is not None:
-                raise error  # a member that failed to start is tried again, alone, when its test asks for it
+        first = keys not in self._entered
+        self._entered.add(keys)
+        errors = self._start_together([m for m in group if (first or config_key(*m) == key)
+                                       and not _running(self._beside.get(config_key(*m)))])
+        why = next((f"{type(e).__name__}: {e}" for e in errors), None)
+        if why is None and first and self.check_beside is not None:
+            why = self.check_beside([self._beside[k].device_pids() for k in keys])
+        if why is not None:  # what failed here (memory, NVML's view of processes) would fail the next group too
+            warnings.warn(f"llmperf: engines not started side by side ({why}); they start one at a time from now on, "
+                          "as with --llmperf-side-by-side=off", stacklevel=2)
+            self._close_beside()
+            self._groups.clear()
+            return self.get(*group[keys.index(key)])
         return self._beside[key]
+
+    def _start_together(self, members: Sequence[tuple[str, ModelSpec, dict[str, Any]]]) -> list[BaseException]:
+        """`members` started at once and waited for; the started ones join the group, the errors of the
+        others are returned. Interrupted (Ctrl-C), the starts still running are kept for `_close_beside`."""
+        if not members:
+            return []
+        starter = ThreadPoolExecutor(len(members), "llmperf-engine-start")
+        started = {config_key(*m): starter.submit(self._start, *m) for m in members}
+        starter.shutdown(wait=False)
+        self._pending = list(started.values())
+        with self.times.timed("engine start"):
+            wait(self._pending)
+        self._pending = []
+        errors = [e for e in (f.exception() for f in started.values()) if e is not None]
+        self._beside.update({k: f.result() for k, f in started.items() if f.exception() is None})
+        return errors
 
     def beside(self, engine: Engine) -> frozenset[int]:
         """The processes of the group's other engines, idle beside `engine` while it is measured."""
         return frozenset().union(*(e.device_pids() for e in self._beside.values() if e is not engine))
 
     def _close_beside(self) -> None:
-        """The group's engines stopped, side by side, and the card's memory waited for once."""
+        """The group's engines stopped, side by side, and the card's memory waited for once; starts still
+        running (a session interrupted while a group started) are waited for and stopped too."""
         engines, self._beside = list(self._beside.values()), {}
-        if not engines:
+        pending, self._pending = self._pending, []
+        if not engines and not pending:
             return
         with self.times.timed("engine stop"):
+            wait(pending)
+            engines += [f.result() for f in pending if f.exception() is None]
             errors = all_at_once([e.shutdown for e in engines])
             if self.after_close is not None and any(e.holds_device for e in engines):
                 self.after_close()

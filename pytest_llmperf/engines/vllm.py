@@ -81,6 +81,8 @@ def run_timeout_s() -> float:
 
 
 SOCKETS_ENV = "VLLM_RPC_BASE_PATH"
+# the folders below are set once per process, and the engines of a group start in threads at once
+_OWN_FOLDERS = threading.Lock()
 SOCKET_NAME_LEN = 37  # "/" and the uuid4 vLLM names a socket by
 SOCKET_PATH_MAX = 107  # a Unix socket's path, at most (sockaddr_un.sun_path, less its terminating NUL)
 
@@ -93,14 +95,15 @@ def own_socket_folder() -> None:
     folder may not change later. A folder the environment names is kept, and so is its content; child
     processes (`vllm serve`, subprocess sessions) inherit this one and leave their sockets in it. Where
     the temp folder's path is too long for a socket in a folder below it, vLLM's default stays."""
-    if SOCKETS_ENV in os.environ:
-        return
-    folder = tempfile.mkdtemp(prefix="llmperf-")
-    if len(folder) + SOCKET_NAME_LEN > SOCKET_PATH_MAX:
-        os.rmdir(folder)
-        return
-    os.environ[SOCKETS_ENV] = folder
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    with _OWN_FOLDERS:
+        if SOCKETS_ENV in os.environ:
+            return
+        folder = tempfile.mkdtemp(prefix="llmperf-")
+        if len(folder) + SOCKET_NAME_LEN > SOCKET_PATH_MAX:
+            os.rmdir(folder)
+            return
+        os.environ[SOCKETS_ENV] = folder
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
 
 
 TRACE_ENV = "LLMPERF_KV_TRACE"  # vllm_sampler.TRACE_ENV (that module imports vLLM)
@@ -112,12 +115,13 @@ def own_trace_folder() -> str:
     (`{instance}`, which the recorder fills in). Set once, like the socket folder: engines started side by
     side spawn their engine cores while both start, and each core inherits the environment of that moment,
     so a path set per engine would reach the wrong one. Kept where the environment names it already (a
-    session started by a test of this one)."""
-    if TRACE_ENV not in os.environ:
-        folder = tempfile.mkdtemp(prefix="llmperf-kv-")
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        os.environ[TRACE_ENV] = os.path.join(folder, "kv-{instance}.csv")
-    return os.environ[TRACE_ENV]
+    session started by a test of this one), if it names a file per engine."""
+    with _OWN_FOLDERS:
+        if "{instance}" not in os.environ.get(TRACE_ENV, ""):
+            folder = tempfile.mkdtemp(prefix="llmperf-kv-")
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            os.environ[TRACE_ENV] = os.path.join(folder, "kv-{instance}.csv")
+        return os.environ[TRACE_ENV]
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
