@@ -2,6 +2,7 @@
 evidence that an engine adapter works; real engines are tested in test_vllm_engine.py and tests/gpu."""
 
 import gc
+import threading
 import time
 
 from pytest_llmperf import Workload
@@ -54,6 +55,14 @@ class EventLog(list):
 
     def __repr__(self):
         return "EventLog"
+
+
+class Together(threading.Barrier):
+    """A barrier whose repr does not change while threads wait at it: engine configurations holding it keep
+    one pool key (Barrier's own repr counts its waiters)."""
+
+    def __repr__(self):
+        return f"Together({self.parties})"
 
 
 class FakeStoppingEngine(Engine):
@@ -120,7 +129,7 @@ class FakeProbedEngine(Engine):
 
 class FakeBesideEngine(FakeStoppingEngine):
     """A FAKE engine for plugin mechanics (engines started side by side): its start takes
-    `config["start_s"]` and logs when it began and ended, waits at `config["together"]` (a barrier: it
+    `config["start_s"]` and logs when it began and ended, waits at `config["together"]` (a Together barrier: it
     passes only if every member's start runs at once), raises `config["start_error"]` if given, and it
     names `config["pid"]` as the process holding its device memory."""
 

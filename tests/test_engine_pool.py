@@ -3,11 +3,10 @@ real vLLM engines side by side: test_side_by_side.py). On a machine without a GP
 for another stops in the background, beside the next one's start; it has stopped before the next engine
 returns (so before anything is measured), and its errors are not lost."""
 
-import threading
 from types import SimpleNamespace
 
 import pytest
-from fake_engine import EventLog
+from fake_engine import EventLog, Together
 
 from pytest_llmperf.engines.base import EnginePool
 
@@ -65,7 +64,7 @@ def member(log, id_, **more):
 
 def test_a_planned_group_starts_together_and_each_engine_is_handed_out_beside_the_others(log):
     pool = EnginePool(engines=BESIDE)
-    together = threading.Barrier(3)  # passed only if the three starts run at once
+    together = Together(3)  # passed only if the three starts run at once
     group = [member(log, "a", together=together), member(log, "b", together=together),
              member(log, "c", together=together)]
     pool.plan([group])
