@@ -71,7 +71,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     config.stash[selection.CARRIED] = selection.mark_hardware(items, config.stash[SESSION].hardware)
     # Tests that share an engine configuration run together, so each engine starts once (per soak round).
     state = config.stash[SESSION]
-    order = selection.engine_order(items, in_process_last=bool(state.gpus), beside_last=state.starts_side_by_side)
+    order = selection.engine_order(items, in_process_last=bool(state.gpus), beside_last=state.starts_side_by_side,
+                                   engine_name=state.engine_name, engines=set(state.engines), model_spec=state.model_spec)
     items.sort(key=lambda item: (soak.round_of(item), order[item.nodeid]))
     properties.apply_profile([i for i in items if selection.uses_plugin(i)], config)
 
@@ -97,7 +98,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # the tests that will run, in their order (after -m and -k): which engines may start together
     state = session.config.stash[SESSION]
     if state.starts_side_by_side:
-        groups = selection.side_by_side_groups(session.items, state.engine_name, set(state.engines), state.hardware)
+        groups = selection.side_by_side_groups(session.items, state.engine_name, set(state.engines), state.hardware,
+                                               state.model_spec)
         state.plan_side_by_side(groups)
 
 

@@ -5,6 +5,8 @@ starts each engine configuration once."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -86,17 +88,20 @@ def in_process(item: pytest.Item) -> bool:
     return bool(IN_PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())))
 
 
-def engine_order(items: list[pytest.Item], in_process_last: bool,
-                 beside_last: bool = False) -> dict[str, tuple[bool, bool, str, bool]]:
+def engine_order(items: list[pytest.Item], in_process_last: bool, beside_last: bool = False, engine_name: str = "",
+                 engines: frozenset[str] | set[str] = frozenset(), model_spec: str | None = None,
+                 ) -> dict[str, tuple[bool, bool, str, bool]]:
     """Sort keys by node id: tests that share an engine configuration run together, so each engine starts
     once; where `in_process_last` (a session with a GPU), tests of an in-process engine after the others of
     their group, and the groups holding such tests after every other group; where `beside_last` (engines
-    side by side), the groups whose engines may start together (`side_by_side_groups`) after the others of their
-    kind, so that they follow one another."""
+    side by side), the groups whose engines may start together (`side_by_side_groups`, by the same rules)
+    after the others of their kind, so that they follow one another."""
     groups = {item.nodeid: engine_group(item) for item in items}
     late = {item.nodeid for item in items if in_process_last and in_process(item)}
     holding = {groups[nodeid] for nodeid in late}
-    beside = {groups[item.nodeid] for item in items if beside_last and _planned(item, "") is not None}
+    asked = {item.nodeid: _asked(item, engine_name, set(engines), model_spec) for item in items} if beside_last else {}
+    timed = _timed(asked.values())
+    beside = {groups[nodeid] for nodeid, found in asked.items() if _joins(found, timed)}
     return {nodeid: (group in holding, group in beside, group, nodeid in late) for nodeid, group in groups.items()}
 
 
@@ -104,8 +109,8 @@ def engine_order(items: list[pytest.Item], in_process_last: bool,
 Planned = tuple[str, "str | None", dict[str, Any]]
 
 
-def side_by_side_groups(items: list[pytest.Item], engine_name: str, engines: set[str],
-                        hardware: str | None = None) -> list[list[Planned]]:
+def side_by_side_groups(items: list[pytest.Item], engine_name: str, engines: set[str], hardware: str | None = None,
+                        model_spec: str | None = None) -> list[list[Planned]]:
     """Engine configurations that may start together and live side by side, in the order tests ask for
     them: each maximal run of consecutive tests whose engine fixture (`<engine>_engine`, `llm_engine`) has
     a fixed KV budget (`num_gpu_blocks_override`, so its paging does not depend on the memory its
@@ -113,39 +118,55 @@ def side_by_side_groups(items: list[pytest.Item], engine_name: str, engines: set
     none measures while another starts, but they stay beside it). A test that asks for another engine, or
     makes its own (a factory), ends the run. The pool hands out one engine per configuration, so a
     configuration that any test uses with timing judged is never planned: that test finds its engine alone.
-    Tests that will be skipped (a `skip` marker, a `skipif` whose condition is True, another `hardware`
-    class) are passed over: no engine starts for them."""
-    asked = [(item, _asked(item, engine_name, engines)) for item in items if not _skipped(item, hardware)]
-    timed = {_config_key(found[0]) for _, found in asked if found and found[0] is not None and found[2]}
+    Tests that will be skipped (`skip`, `skipif(True)`, another `hardware` class) are passed over: no
+    engine starts for them. `model_spec`: the session's model, which a test without a model of its own uses."""
+    asked = [_asked(item, engine_name, engines, model_spec) for item in items if not _skipped(item, hardware)]
+    timed = _timed(asked)
     groups: list[list[Planned]] = [[]]
-    for _, found in asked:
+    for found in asked:
         if found is None:
             continue  # no engine of the pool: the run goes on
-        config, joins, _ = found
-        if config is None or not joins or _config_key(config) in timed:
+        if not _joins(found, timed):
             groups.append([])
-        elif config not in groups[-1]:
-            groups[-1].append(config)
+        elif found.configs[0] not in groups[-1]:
+            groups[-1].append(found.configs[0])
     return [g for g in groups if len(g) > 1]
 
 
-def _asked(item: pytest.Item, engine_name: str, engines: set[str]) -> tuple[Planned | None, bool, bool] | None:
-    """The pool's engine configuration `item` asks for (None where it asks for several or its markers are
-    wrong), whether its engine may join a group, and whether the test judges timing; None for a test that
-    uses no engine of the pool."""
+@dataclass(frozen=True)
+class _Asked:
+    """What one test asks of the engine pool."""
+
+    configs: tuple[Planned, ...]  # one per engine fixture it uses (none where its markers are wrong)
+    joins: bool  # its engine may start in a group: one fixture, no factory, a fixed KV budget, no timing judged
+    timed: bool  # its baseline or its limits judge timing
+
+
+def _asked(item: pytest.Item, engine_name: str, engines: set[str], model_spec: str | None) -> _Asked | None:
+    """None for a test that uses no engine of the pool."""
     names = set(getattr(item, "fixturenames", ()))
     fixtures = sorted(n for n in names if n == "llm_engine" or n.removesuffix("_engine") in engines)
     factory = any(n.removesuffix("_engine_factory") in engines for n in names)
-    if not fixtures:
-        return (None, False, False) if factory else None
-    if len(fixtures) > 1:
-        return None, False, False
-    engine = engine_name if fixtures == ["llm_engine"] else fixtures[0].removesuffix("_engine")
-    found = _configuration(item, engine)
-    if found is None:
-        return None, False, False
-    config, timed = found
-    return config, not (timed or factory or "num_gpu_blocks_override" not in config[2]), timed
+    if not fixtures and not factory:
+        return None
+    try:
+        options, model, timed = engine_options(item), model_option(item), gates_timing(gate_option(item))
+    except (MarkerError, BaselineError):  # reported at setup, with the test's name
+        return _Asked((), False, False)
+    timed = timed or any(m.name in TIMING_MARKERS for m in item.iter_markers())
+    configs = tuple((engine_name if f == "llm_engine" else f.removesuffix("_engine"), model or model_spec, options)
+                    for f in fixtures)
+    joins = len(configs) == 1 and not (factory or timed) and "num_gpu_blocks_override" in options
+    return _Asked(configs, joins, timed)
+
+
+def _timed(asked: Iterable[_Asked | None]) -> set[str]:
+    """The configurations some test uses with timing judged: never planned."""
+    return {_config_key(c) for found in asked if found is not None and found.timed for c in found.configs}
+
+
+def _joins(found: _Asked | None, timed: set[str]) -> bool:
+    return found is not None and found.joins and _config_key(found.configs[0]) not in timed
 
 
 def _config_key(config: Planned) -> str:
@@ -156,22 +177,7 @@ def _config_key(config: Planned) -> str:
 def _skipped(item: pytest.Item, hardware: str | None) -> bool:
     if item.get_closest_marker("skip") is not None:
         return True
-    if any(a is True for m in item.iter_markers("skipif") for a in m.args):
+    if any(a is True for m in item.iter_markers("skipif") for a in (*m.args, m.kwargs.get("condition"))):
         return True
     wanted = [m.name for m in item.iter_markers() if m.name in KNOWN_CLASSES]
     return hardware is not None and bool(wanted) and hardware not in wanted
-
-
-def _planned(item: pytest.Item, engine: str) -> Planned | None:
-    found = _configuration(item, engine)
-    return found[0] if found is not None and not found[1] and "num_gpu_blocks_override" in found[0][2] else None
-
-
-def _configuration(item: pytest.Item, engine: str) -> tuple[Planned, bool] | None:
-    """`item`'s engine configuration, and whether the test judges timing (by its baseline or its limits).
-    None where its markers are wrong (reported at setup)."""
-    try:
-        options, model, timed = engine_options(item), model_option(item), gates_timing(gate_option(item))
-    except (MarkerError, BaselineError):
-        return None
-    return (engine, model, options), timed or any(m.name in TIMING_MARKERS for m in item.iter_markers())

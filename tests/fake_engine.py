@@ -57,9 +57,25 @@ class EventLog(list):
         return "EventLog"
 
 
+class Outcomes(list):
+    """What each start of a FakeBesideEngine does (`start_errors`), consumed as it starts; one repr, so that
+    the configuration holding it keeps one pool key."""
+
+    def __repr__(self):
+        return "Outcomes"
+
+
 class Together(threading.Barrier):
-    """A barrier whose repr does not change while threads wait at it: engine configurations holding it keep
-    one pool key (Barrier's own repr counts its waiters)."""
+    """A barrier passed once, by `parties` threads at once; later waits return at once. Its repr does not
+    change while threads wait at it, so engine configurations holding it keep one pool key (Barrier's own
+    repr counts its waiters)."""
+
+    passed = False
+
+    def wait(self, timeout=None):
+        if not self.passed:
+            super().wait(timeout)
+            self.passed = True
 
     def __repr__(self):
         return f"Together({self.parties})"
@@ -130,7 +146,8 @@ class FakeProbedEngine(Engine):
 class FakeBesideEngine(FakeStoppingEngine):
     """A FAKE engine for plugin mechanics (engines started side by side): its start takes
     `config["start_s"]` and logs when it began and ended, waits at `config["together"]` (a Together barrier: it
-    passes only if every member's start runs at once), raises `config["start_error"]` if given, and it
+    passes only if every member's start runs at once), raises `config["start_error"]` if given (or at each
+    start the next of `config["start_errors"]`, an Outcomes list, None for a start that succeeds), and it
     names `config["pid"]` as the process holding its device memory."""
 
     @classmethod
@@ -142,8 +159,9 @@ class FakeBesideEngine(FakeStoppingEngine):
         time.sleep(config.get("start_s", 0.0))
         if config.get("together"):
             config["together"].wait(timeout=10)
-        if config.get("start_error"):
-            raise config["start_error"]
+        error = config["start_errors"].pop(0) if config.get("start_errors") else config.get("start_error")
+        if error:
+            raise error
         super().__init__(model, config)
         self.alive = True
 

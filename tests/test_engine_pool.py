@@ -6,7 +6,7 @@ returns (so before anything is measured), and its errors are not lost."""
 from types import SimpleNamespace
 
 import pytest
-from fake_engine import EventLog, Together
+from fake_engine import EventLog, Outcomes, Together
 
 from pytest_llmperf.engines.base import EnginePool
 
@@ -78,8 +78,9 @@ def test_a_planned_group_starts_together_and_each_engine_is_handed_out_beside_th
     assert sorted(log[6:9]) == ["stop a", "stop b", "stop c"] and log[9] == "start d"
     assert pool.beside(first) == frozenset()
     # a member asked for again (a re-measurement after the group stopped) starts alone, not with the group
-    again = pool.get(*group[0][:2], {**group[0][2], "together": None})
+    again = pool.get(*group[0])
     assert again is not first and log[-3:] == ["stop d", "begin a", "start a"] and pool.starts == 5
+    assert log.count("begin b") == log.count("begin c") == 1
     pool.close()
     assert log[-1] == "stop a"
 
@@ -98,6 +99,25 @@ def test_a_member_that_fails_to_start_beside_the_others_stops_the_group_and_engi
     with pytest.raises(RuntimeError, match="no memory"):
         pool.get(*broken)
     assert log[-2:] == ["stop a", "begin b"]  # tried alone: the engine before it stopped first
+    pool.close()
+
+
+def test_a_warning_made_an_error_still_leaves_the_session_one_engine_at_a_time(log):
+    """Under `-W error` the warning is raised: the group is stopped and the plan dropped before it is."""
+    import warnings
+
+    from pytest_llmperf.engines.base import SideBySideWarning
+
+    pool = EnginePool(engines=BESIDE)
+    group = [member(log, "a"), member(log, "b", start_error=RuntimeError("no memory"))]
+    pool.plan([group])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SideBySideWarning)
+        with pytest.raises(SideBySideWarning):
+            pool.get(*group[0])
+    assert log[-1] == "stop a"
+    pool.get(*group[0])
+    assert log[-2:] == ["begin a", "start a"] and log.count("begin b") == 1
     pool.close()
 
 
@@ -132,8 +152,29 @@ def test_a_session_interrupted_while_a_group_starts_still_stops_every_engine_of_
     with pytest.raises(KeyboardInterrupt):
         pool.get(*group[0])
     monkeypatch.undo()
+    again = pool.get(*group[0])  # a session that goes on (pytest-timeout's Failed): the started two stop first
+    assert sorted(log[-4:-2]) == ["stop a", "stop b"] and log[-2:] == ["begin a", "start a"]
     pool.close()
-    assert sorted(e for e in log if e.startswith("stop")) == ["stop a", "stop b"]
+    assert log[-1] == "stop a" and pool.beside(again) == frozenset()
+
+
+def test_a_member_that_fails_to_start_again_alone_fails_its_test_and_the_group_stays_planned(log):
+    """Started again alone (a re-measurement), a member's error is its own: raised as it is, side by side
+    kept for the others."""
+    import warnings
+
+    from pytest_llmperf.engines.base import SideBySideWarning
+
+    pool = EnginePool(engines=BESIDE)
+    group = [member(log, "a", start_errors=Outcomes([None, RuntimeError("gone")])), member(log, "b")]
+    pool.plan([group])
+    a, b = pool.get(*group[0]), pool.get(*group[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SideBySideWarning)
+        with pytest.raises(RuntimeError, match="gone"):
+            pool.restart(a)
+    assert pool.get(*group[1]) is b and pool.beside(b) == frozenset()
+    pool.close()
 
 
 def test_a_restarted_or_broken_member_is_replaced_beside_the_others(log):

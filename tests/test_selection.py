@@ -153,7 +153,7 @@ def test_engines_of_paging_only_tests_with_a_fixed_budget_are_planned_side_by_si
     from pytest_llmperf.selection import engine_order, side_by_side_groups
 
     items = pytester.getitems(BESIDE)
-    order = engine_order(items, in_process_last=True, beside_last=True)
+    order = engine_order(items, in_process_last=True, beside_last=True, engine_name="vllm", engines={"vllm", "hf"})
     ran = sorted(items, key=lambda item: order[item.nodeid])
     assert [i.name for i in ran] == ["test_paging_by_memory", "test_timed", "test_no_engine", "test_paging_a",
                                      "test_paging_b", "test_paging_b_again", "test_timed_fixed_budget",
@@ -183,6 +183,12 @@ def test_skipped(vllm_engine, llmperf):
     pass
 
 @PAGING
+@pytest.mark.skipif(condition=True, reason="not here either")
+@pytest.mark.llmperf_engine(block_size=1024, num_gpu_blocks_override=8)
+def test_skipped_if(vllm_engine, llmperf):
+    pass
+
+@PAGING
 @pytest.mark.h100
 @pytest.mark.llmperf_engine(block_size=512, num_gpu_blocks_override=8)
 def test_other_hardware(vllm_engine, llmperf):
@@ -191,6 +197,11 @@ def test_other_hardware(vllm_engine, llmperf):
 @PAGING
 @pytest.mark.llmperf_engine(block_size=64, num_gpu_blocks_override=16)
 def test_c(vllm_engine, llmperf):
+    pass
+
+@PAGING
+@pytest.mark.llmperf_engine(block_size=8, num_gpu_blocks_override=8)
+def test_e(vllm_engine, llmperf):
     pass
 
 @PAGING
@@ -207,21 +218,38 @@ def test_limited(vllm_engine, llmperf):
 @pytest.mark.llmperf_engine(block_size=32, num_gpu_blocks_override=32)
 def test_timed_b(vllm_engine, llmperf):
     pass
+
+@pytest.mark.llmperf_engine(block_size=8, num_gpu_blocks_override=8)
+def test_timed_pair(hf_engine, vllm_engine, llmperf):
+    pass
+
+@pytest.mark.llmperf_model("shape:tiny-llama")
+@pytest.mark.llmperf_engine(block_size=64, num_gpu_blocks_override=16)
+def test_timed_pinned(vllm_engine, llmperf):
+    pass
 """
 
 
 def test_a_configuration_some_test_times_is_never_planned_nor_one_whose_tests_will_be_skipped(pytester):
     """The pool hands out one engine per configuration: one that a timed test also uses (by its baseline
-    or by a limit such as max_p99_ms) must be found alone, so it is never in a group; tests that will be
-    skipped start no engine and do not end a run."""
-    from pytest_llmperf.selection import side_by_side_groups
+    or by a limit such as max_p99_ms; one engine of several or the session's model named as its own) must be
+    found alone, so it is never in a group, and the sort keeps it out of the groups' block; tests that will
+    be skipped start no engine and do not end a run."""
+    from pytest_llmperf.selection import engine_order, side_by_side_groups
 
+    engines = {"vllm", "hf"}
     items = pytester.getitems(SHARED)
-    assert side_by_side_groups(items, "vllm", {"vllm", "hf"}, "cpu") == [
-        [("vllm", None, {"block_size": 16, "num_gpu_blocks_override": 64}),
-         ("vllm", None, {"block_size": 64, "num_gpu_blocks_override": 16})]]
+    a, c = (("vllm", None, {"block_size": b, "num_gpu_blocks_override": n}) for b, n in ((16, 64), (64, 16)))
+    assert side_by_side_groups(items, "vllm", engines, "cpu") == [[a, c]]
     # on the hardware the test names, it is planned too
-    assert len(side_by_side_groups(items, "vllm", {"vllm", "hf"}, "h100")[0]) == 3
+    assert len(side_by_side_groups(items, "vllm", engines, "h100")[0]) == 3
+    # test_c's configuration is test_timed_pinned's where the session's model is the one that test names
+    assert side_by_side_groups(items, "vllm", engines, "cpu", "shape:tiny-llama") == []
+    order = engine_order(items, in_process_last=True, beside_last=True, engine_name="vllm", engines=engines)
+    ran = sorted(items, key=lambda item: order[item.nodeid])
+    names = [i.name for i in ran]
+    assert names.index("test_b") < min(names.index("test_a"), names.index("test_c"))  # not inside their block
+    assert side_by_side_groups(ran, "vllm", engines, "cpu") == [[a, c]]
 
 
 def test_engines_start_side_by_side_with_a_gpu_or_when_asked_and_never_in_an_xdist_worker():

@@ -63,6 +63,10 @@ class Schedule:
             answer.set_result(time.perf_counter())
 
 
+class SideBySideWarning(UserWarning):
+    """Engines planned side by side were started one at a time instead (EnginePool): filter it by this class."""
+
+
 class EngineError(RuntimeError):
     """An engine could not start or could not run: the message says what to do next. `trace` is what
     a run measured before its engine died (its failed requests counted), kept for the reports."""
@@ -242,7 +246,7 @@ class EnginePool:
     memory the runner takes off the card's reading). Asking for a configuration outside the group stops
     the group; asking for a member again later starts that one alone. Where a member fails to start beside
     the others, or `check_beside` finds their memory cannot be told apart (NVML without the host's process
-    ids), the group is stopped with a warning and every engine starts one at a time from then on.
+    ids), the group is stopped with a SideBySideWarning and every engine starts one at a time from then on.
     """
 
     def __init__(self, after_close: Callable[[], None] | None = None, times: PhaseTimes | None = None,
@@ -308,12 +312,13 @@ class EnginePool:
     def _may_start_beside(self, name: str) -> bool:
         try:
             return engine_class(name, self.engines).starts_beside()
-        except (EngineError, ImportError):  # its test fails at setup with that error, alone
+        except (EngineError, ImportError, AttributeError):  # its test fails at setup with that error, alone
             return False
 
     def _get_beside(self, key: str) -> Engine:
         """`key`'s engine of its group: the first time, the whole group started side by side (each in a
-        thread: an engine's start waits on its own processes); later, `key`'s alone if it is not running."""
+        thread: an engine's start waits on its own processes); later, `key`'s alone if it is not running,
+        its error its own."""
         if _running(self._beside.get(key)):
             return self._beside[key]
         group = self._groups[key]
@@ -324,34 +329,47 @@ class EnginePool:
         self._wait_for_stops()
         first = keys not in self._entered
         self._entered.add(keys)
-        errors = self._start_together([m for m in group if (first or config_key(*m) == key)
-                                       and not _running(self._beside.get(config_key(*m)))])
+        if not first:  # asked for again (a re-measurement, a broken engine): its start is its own
+            errors = self._start_together([group[keys.index(key)]])
+            if errors:
+                raise errors[0]
+            return self._beside[key]
+        errors = self._start_together(group)
         why = next((f"{type(e).__name__}: {e}" for e in errors), None)
-        if why is None and first and self.check_beside is not None:
-            why = self.check_beside([self._beside[k].device_pids() for k in keys])
-        if why is not None:  # what failed here (memory, NVML's view of processes) would fail the next group too
-            warnings.warn(f"llmperf: engines not started side by side ({why}); they start one at a time from now on, "
-                          "as with --llmperf-side-by-side=off", stacklevel=2)
-            self._close_beside()
-            self._groups.clear()
-            return self.get(*group[keys.index(key)])
+        if why is None and self.check_beside is not None:
+            try:
+                why = self.check_beside([self._beside[k].device_pids() for k in keys])
+            except Exception as e:  # noqa: BLE001 - NVML failing here is one more reason to start them alone
+                why = f"{type(e).__name__}: {e}"
+        if why is not None:
+            return self._one_at_a_time(group[keys.index(key)], why)
         return self._beside[key]
+
+    def _one_at_a_time(self, member: tuple[str, ModelSpec, dict[str, Any]], why: str) -> Engine:
+        """Side by side given up for the session (what failed here, the card's memory or NVML's view of
+        processes, would fail the next group too): the group stopped and `member` started alone."""
+        self._groups.clear()  # first: whatever follows raises, no engine starts beside another again
+        try:
+            self._close_beside()
+        finally:
+            warnings.warn(SideBySideWarning(f"llmperf: engines not started side by side ({why}); they start one at a "
+                                            "time from now on, as with --llmperf-side-by-side=off"), stacklevel=4)
+        return self.get(*member)
 
     def _start_together(self, members: Sequence[tuple[str, ModelSpec, dict[str, Any]]]) -> list[BaseException]:
         """`members` started at once and waited for; the started ones join the group, the errors of the
         others are returned. Interrupted (Ctrl-C), the starts still running are kept for `_close_beside`."""
-        if not members:
-            return []
+        if self._pending:  # an earlier group start was interrupted, and the session went on
+            self._close_beside()
         starter = ThreadPoolExecutor(len(members), "llmperf-engine-start")
         started = {config_key(*m): starter.submit(self._start, *m) for m in members}
         starter.shutdown(wait=False)
         self._pending = list(started.values())
         with self.times.timed("engine start"):
             wait(self._pending)
-        self._pending = []
-        errors = [e for e in (f.exception() for f in started.values()) if e is not None]
         self._beside.update({k: f.result() for k, f in started.items() if f.exception() is None})
-        return errors
+        self._pending = []  # after the update: an interrupt between the two leaves each engine known to close
+        return [e for e in (f.exception() for f in started.values()) if e is not None]
 
     def beside(self, engine: Engine) -> frozenset[int]:
         """The processes of the group's other engines, idle beside `engine` while it is measured."""
@@ -366,7 +384,7 @@ class EnginePool:
             return
         with self.times.timed("engine stop"):
             wait(pending)
-            engines += [f.result() for f in pending if f.exception() is None]
+            engines += [e for e in (f.result() for f in pending if f.exception() is None) if e not in engines]
             errors = all_at_once([e.shutdown for e in engines])
             if self.after_close is not None and any(e.holds_device for e in engines):
                 self.after_close()

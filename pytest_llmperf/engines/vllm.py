@@ -115,7 +115,8 @@ def own_trace_folder() -> str:
     (`{instance}`, which the recorder fills in). Set once, like the socket folder: engines started side by
     side spawn their engine cores while both start, and each core inherits the environment of that moment,
     so a path set per engine would reach the wrong one. Kept where the environment names it already (a
-    session started by a test of this one), if it names a file per engine."""
+    session started by a test of this one), if it names a file per engine; a path without `{instance}`
+    would give every engine of the process one file, and is replaced."""
     with _OWN_FOLDERS:
         if "{instance}" not in os.environ.get(TRACE_ENV, ""):
             folder = tempfile.mkdtemp(prefix="llmperf-kv-")
