@@ -4,7 +4,8 @@
 # default on a GPU), then a warm run with --llmperf-side-by-side=off and a warm run side by side, each its
 # own pytest process against the shipped baselines of the lent card's class (scripts/gpu-gate.sh require),
 # while they fit in TOTAL_S. Prints each run's time to verdict, its engine starts, and each paging test's
-# GPU memory against its baseline; packs the runs into $OUT/runs.tgz. RUNS: which runs and in what order
+# GPU memory against its baseline, and the pool's warning if it gave side by side up; packs the runs into
+# $OUT/runs.tgz. RUNS: which runs and in what order
 # (default "s1 o1 s2"; sN side by side, oN one at a time; the first is the fresh one).
 set -o pipefail
 total=${1:-560}
@@ -43,5 +44,7 @@ for test in doc["tests"]:
         if row["metric"] == "gpu_memory_peak_gib" and "paging" in test["test"]:
             print("  ", test["test"].split("::")[-1], row["label"], f"GiB {row['baseline']} -> {row['current']}", row["verdict"])
 PY
+  # the pool gave side by side up (a start failed beside the others, or NVML did not name their processes)
+  grep -h -m1 "not started side by side" "$OUT/$label.log" || true
 done
 (cd "$OUT" && tar czf runs.tgz "${runs[@]}" $(printf '%s.log ' "${runs[@]}") && rm -rf "${runs[@]}" $(printf '%s.log ' "${runs[@]}"))
