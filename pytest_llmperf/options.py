@@ -9,6 +9,7 @@ import math
 import os
 import re
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,13 +135,9 @@ def session(config: pytest.Config, hardware: str, engines: dict[str, str]) -> Se
         check_spec(model_spec)
     except ValueError as e:
         raise pytest.UsageError(f"--llmperf-model/llmperf_model: {e}") from None
-    mode = value(config, "baseline") or "compare"
-    if mode not in gating.MODES:
-        raise pytest.UsageError(f"llmperf_baseline={mode!r}: choose one of {', '.join(gating.MODES)}")
+    mode = _choice(config, "baseline", gating.MODES, default="compare")
     root = Path(value(config, "baseline-dir") or "baselines")
-    paging = value(config, "paging") or "strict"
-    if paging not in PAGING_MODES:
-        raise pytest.UsageError(f"llmperf_paging={paging!r}: choose one of {', '.join(PAGING_MODES)}")
+    paging = _choice(config, "paging", PAGING_MODES, default="strict")
     try:
         tolerance, tolerances = parse_tolerance(value(config, "tolerance"))
     except ValueError as e:
@@ -168,8 +165,8 @@ def session(config: pytest.Config, hardware: str, engines: dict[str, str]) -> Se
         pool=EnginePool(engines=engines),
         engines=engines,
         retries=retries,
-        warmup=_warmup(config),
-        side_by_side=_side_by_side(config),
+        warmup=_choice(config, "warmup", WARMUP_MODES),
+        side_by_side=_choice(config, "side-by-side", SIDE_BY_SIDE_MODES),
         xdist_worker=hasattr(config, "workerinput"),
         engine_settings={"openai": openai} if openai else {},
         server_options=engine_config(value(config, "server-config"), "server-config"),
@@ -246,17 +243,12 @@ def _retries(config: pytest.Config) -> int:
     return retries
 
 
-def _side_by_side(config: pytest.Config) -> str:
-    mode = value(config, "side-by-side")
-    if mode not in SIDE_BY_SIDE_MODES:
-        raise pytest.UsageError(f"llmperf_side_by_side={mode!r}: choose one of {', '.join(SIDE_BY_SIDE_MODES)}")
-    return mode
-
-
-def _warmup(config: pytest.Config) -> str:
-    mode = value(config, "warmup")
-    if mode not in WARMUP_MODES:
-        raise pytest.UsageError(f"llmperf_warmup={mode!r}: choose one of {', '.join(WARMUP_MODES)}")
+def _choice(config: pytest.Config, name: str, modes: Sequence[str], default: str | None = None) -> str:
+    """An option that takes one of `modes` (CLI or ini), checked: a usage error names the value and the choices."""
+    given = value(config, name)
+    mode = (given or default) if default is not None else given
+    if mode not in modes:
+        raise pytest.UsageError(f"llmperf_{name.replace('-', '_')}={mode!r}: choose one of {', '.join(modes)}")
     return mode
 
 
