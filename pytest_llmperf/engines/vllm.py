@@ -304,6 +304,7 @@ class VLLMEngine(Engine):
             raise EngineError(f"{DEFAULTS_OPTION}={self._defaults!r}: choose 'serve' (vLLM's defaults for `vllm serve`) "
                               "or 'llm' (its defaults for the offline `vllm.LLM`)")
         self._trace_path = ""  # the recorder's file, named once the engine has started (own_trace_folder)
+        self._pids: frozenset[int] = frozenset()  # device_pids, read once: every process is up once it started
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="llmperf-vllm-loop", daemon=True)
         self._thread.start()
@@ -623,11 +624,16 @@ class VLLMEngine(Engine):
 
     def device_pids(self) -> frozenset[int]:
         """The processes that hold this engine's device memory: its engine core (which the recorder names)
-        and the workers it started; none while it is not running, or where the recorder named none."""
+        and the workers it started; none while it is not running, or where the recorder named none. Read
+        once (the file and every process's /proc entry), not at each measured pass of its neighbours."""
         from .vllm_sampler import PID_PREFIX
 
-        core = self._header(PID_PREFIX) if self.alive else None
-        return frozenset({int(core), *descendants(int(core))}) if core and core.isdigit() else frozenset()
+        if not self.alive:
+            return frozenset()
+        if not self._pids:
+            core = self._header(PID_PREFIX)
+            self._pids = frozenset({int(core), *descendants(int(core))}) if core and core.isdigit() else frozenset()
+        return self._pids
 
     def _read_recorder(self) -> tuple[tuple[KVSample, ...], float | None]:
         """What the recorder wrote since the last run: its samples and the seconds it spent on them."""
