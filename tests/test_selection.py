@@ -104,46 +104,31 @@ def test_tests_sharing_an_engine_run_together_and_on_a_gpu_in_process_engines_ru
                                         "test_hf_first"]
 
 
-BESIDE = """
-import pytest
+def case(name, *marks, fixtures="vllm_engine, llmperf"):
+    """One test function of a module for pytester, with its markers (source text)."""
+    return "".join(f"@{mark}\n" for mark in marks) + f"def {name}({fixtures}):\n    pass\n"
 
-PAGING = pytest.mark.llmperf_gate("paging", "memory")
 
-@PAGING
-@pytest.mark.llmperf_engine(block_size=16, num_gpu_blocks_override=64)
-def test_paging_a(vllm_engine, llmperf):
-    pass
+def engine(**options):
+    return "pytest.mark.llmperf_engine(" + ", ".join(f"{k}={v!r}" for k, v in options.items()) + ")"
 
-def test_timed(llm_engine, llmperf):
-    pass
 
-@PAGING
-@pytest.mark.llmperf_engine(block_size=32, num_gpu_blocks_override=32)
-def test_paging_b(vllm_engine, llmperf):
-    pass
+def module(gate, *cases):
+    return f"import pytest\n\nPAGING = pytest.mark.llmperf_gate({gate})\n\n" + "\n".join(cases)
 
-@PAGING
-@pytest.mark.llmperf_engine(block_size=32, num_gpu_blocks_override=32)
-def test_paging_b_again(vllm_engine, llmperf):
-    pass
 
-def test_no_engine():
-    pass
-
-@PAGING
-@pytest.mark.llmperf_engine(enable_prefix_caching=True)
-def test_paging_by_memory(vllm_engine, llmperf):
-    pass
-
-@pytest.mark.llmperf_engine(block_size=64, num_gpu_blocks_override=16)
-def test_timed_fixed_budget(vllm_engine, llmperf):
-    pass
-
-@PAGING
-@pytest.mark.llmperf_engine(block_size=64, num_gpu_blocks_override=16)
-def test_paging_with_a_factory(vllm_engine, hf_engine_factory, llmperf):
-    pass
-"""
+BESIDE = module(
+    '"paging", "memory"',
+    case("test_paging_a", "PAGING", engine(block_size=16, num_gpu_blocks_override=64)),
+    case("test_timed", fixtures="llm_engine, llmperf"),
+    case("test_paging_b", "PAGING", engine(block_size=32, num_gpu_blocks_override=32)),
+    case("test_paging_b_again", "PAGING", engine(block_size=32, num_gpu_blocks_override=32)),
+    case("test_no_engine", fixtures=""),
+    case("test_paging_by_memory", "PAGING", engine(enable_prefix_caching=True)),
+    case("test_timed_fixed_budget", engine(block_size=64, num_gpu_blocks_override=16)),
+    case("test_paging_with_a_factory", "PAGING", engine(block_size=64, num_gpu_blocks_override=16),
+         fixtures="vllm_engine, hf_engine_factory, llmperf"),
+)
 
 
 def test_engines_of_paging_only_tests_with_a_fixed_budget_are_planned_side_by_side_and_run_one_after_another(pytester):
@@ -166,68 +151,22 @@ def test_engines_of_paging_only_tests_with_a_fixed_budget_are_planned_side_by_si
     assert len(side_by_side_groups([items[i] for i in (0, 4, 2)], "vllm", {"vllm", "hf"})[0]) == 2
 
 
-SHARED = """
-import pytest
-
-PAGING = pytest.mark.llmperf_gate("paging")
-
-@PAGING
-@pytest.mark.llmperf_engine(block_size=16, num_gpu_blocks_override=64)
-def test_a(vllm_engine, llmperf):
-    pass
-
-@PAGING
-@pytest.mark.skip(reason="not here")
-@pytest.mark.llmperf_engine(block_size=256, num_gpu_blocks_override=8)
-def test_skipped(vllm_engine, llmperf):
-    pass
-
-@PAGING
-@pytest.mark.skipif(condition=True, reason="not here either")
-@pytest.mark.llmperf_engine(block_size=1024, num_gpu_blocks_override=8)
-def test_skipped_if(vllm_engine, llmperf):
-    pass
-
-@PAGING
-@pytest.mark.h100
-@pytest.mark.llmperf_engine(block_size=512, num_gpu_blocks_override=8)
-def test_other_hardware(vllm_engine, llmperf):
-    pass
-
-@PAGING
-@pytest.mark.llmperf_engine(block_size=64, num_gpu_blocks_override=16)
-def test_c(vllm_engine, llmperf):
-    pass
-
-@PAGING
-@pytest.mark.llmperf_engine(block_size=8, num_gpu_blocks_override=8)
-def test_e(vllm_engine, llmperf):
-    pass
-
-@PAGING
-@pytest.mark.llmperf_engine(block_size=32, num_gpu_blocks_override=32)
-def test_b(vllm_engine, llmperf):
-    pass
-
-@PAGING
-@pytest.mark.max_p99_ms(ttft=100)
-@pytest.mark.llmperf_engine(block_size=128, num_gpu_blocks_override=8)
-def test_limited(vllm_engine, llmperf):
-    pass
-
-@pytest.mark.llmperf_engine(block_size=32, num_gpu_blocks_override=32)
-def test_timed_b(vllm_engine, llmperf):
-    pass
-
-@pytest.mark.llmperf_engine(block_size=8, num_gpu_blocks_override=8)
-def test_timed_pair(hf_engine, vllm_engine, llmperf):
-    pass
-
-@pytest.mark.llmperf_model("shape:tiny-llama")
-@pytest.mark.llmperf_engine(block_size=64, num_gpu_blocks_override=16)
-def test_timed_pinned(vllm_engine, llmperf):
-    pass
-"""
+SHARED = module(
+    '"paging"',
+    case("test_a", "PAGING", engine(block_size=16, num_gpu_blocks_override=64)),
+    case("test_skipped", "PAGING", 'pytest.mark.skip(reason="not here")', engine(block_size=256, num_gpu_blocks_override=8)),
+    case("test_skipped_if", "PAGING", 'pytest.mark.skipif(condition=True, reason="not here either")',
+         engine(block_size=1024, num_gpu_blocks_override=8)),
+    case("test_other_hardware", "PAGING", "pytest.mark.h100", engine(block_size=512, num_gpu_blocks_override=8)),
+    case("test_c", "PAGING", engine(block_size=64, num_gpu_blocks_override=16)),
+    case("test_e", "PAGING", engine(block_size=8, num_gpu_blocks_override=8)),
+    case("test_b", "PAGING", engine(block_size=32, num_gpu_blocks_override=32)),
+    case("test_limited", "PAGING", "pytest.mark.max_p99_ms(ttft=100)", engine(block_size=128, num_gpu_blocks_override=8)),
+    case("test_timed_b", engine(block_size=32, num_gpu_blocks_override=32)),
+    case("test_timed_pair", engine(block_size=8, num_gpu_blocks_override=8), fixtures="hf_engine, vllm_engine, llmperf"),
+    case("test_timed_pinned", 'pytest.mark.llmperf_model("shape:tiny-llama")',
+         engine(block_size=64, num_gpu_blocks_override=16)),
+)
 
 
 def test_a_configuration_some_test_times_is_never_planned_nor_one_whose_tests_will_be_skipped(pytester):
