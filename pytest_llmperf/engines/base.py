@@ -285,7 +285,7 @@ class EnginePool:
 
     def get(self, name: str, model: ModelSpec, config: dict[str, Any]) -> Engine:
         key = config_key(name, model, config)
-        if self._engine is not None and key == self._key and getattr(self._engine, "alive", True):
+        if key == self._key and _running(self._engine):
             return self._engine
         if key in self._groups:
             return self._get_beside(key)
@@ -413,7 +413,7 @@ class EnginePool:
         """`engine` while it is the live one (or one of the group beside it); else the same configuration
         started again (the pool closed it to start another, as a test comparing two engines does, or it
         broke). An engine this pool did not start is returned as it is."""
-        if (engine is self._engine or engine in self._beside.values()) and getattr(engine, "alive", True):
+        if (engine is self._engine or engine in self._beside.values()) and _running(engine):
             return engine
         made = self._made.get(engine)
         return engine if made is None else self.get(*made)
