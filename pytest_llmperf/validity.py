@@ -65,9 +65,14 @@ def behind_schedule(traces: Sequence[RunTrace], workload: Workload) -> str:
             where = f" in pass {k + 1} of {len(traces)}" if len(traces) > 1 else ""
             return (f"the client fell behind its arrival schedule{where}: {len(late)} of {len(lags)} requests were sent "
                     f"more than {LATE_S * 1e3:.0f} ms late (at worst {max(late) * 1e3:.0f} ms), so the run measured the "
-                    "client, not the engine: offer fewer requests per second (a larger time_scale, a lower qps) or "
+                    f"client, not the engine: offer fewer requests per second ({_slower(workload)}) or "
                     "use a closed loop (Workload.closed_loop)")
     return ""
+
+
+def _slower(workload: Workload) -> str:
+    """How this workload offers fewer requests per second: a replayed trace by its time_scale, others by qps."""
+    return "a larger time_scale in Workload.from_trace" if workload.trace is not None else "a lower qps"
 
 
 def _open_loop(workload: Workload) -> bool:
@@ -87,8 +92,8 @@ def saturated(traces: Sequence[RunTrace], workload: Workload) -> str:
         return (f"the engine saturated under this open-loop load{where}: median TTFT rose from {first * 1e3:.1f} ms "
                 f"(first quarter of arrivals) to {last * 1e3:.1f} ms (last quarter) and was still rising at the end "
                 f"(rank correlation with arrival time {rank:.2f}), so the queue grew through the run and its "
-                "percentiles measure the run's length, not the engine: offer fewer requests per second (a lower "
-                "qps, a larger time_scale), or find the rate it sustains with llmperf.find_capacity")
+                f"percentiles measure the run's length, not the engine: offer fewer requests per second "
+                f"({_slower(workload)}), or find the rate it sustains with llmperf.find_capacity")
     return ""
 
 
