@@ -2,10 +2,13 @@
 neither judged nor gated, and says what to change. The late client below is a FAKE engine that stamps
 its own submission times: plugin mechanics, not evidence about an engine adapter."""
 
+import dataclasses
+
 import pytest
 
 from pytest_llmperf import Workload
 from pytest_llmperf.trace import Chunk, RunTrace, SequenceTrace
+from pytest_llmperf.trace_replay import TraceInfo
 from pytest_llmperf.validity import LATE_S, behind_schedule, saturated, schedule_lags, why_invalid
 
 TIMED = Workload.poisson(qps=10, n=40, prompt_len=8, output_len=4, seed=1)
@@ -100,6 +103,17 @@ def test_ttft_rising_to_the_end_of_an_open_loop_run_is_saturation_and_says_what_
     assert why_invalid([growing], TIMED) == saturated([growing], TIMED) != ""
     # a run that is behind its schedule says that first: the late client explains the rest
     assert why_invalid([sent(TIMED, lambda i: 0.3, lambda i: 0.05 + 0.01 * i)], TIMED).startswith("the client fell")
+
+
+def test_the_advice_names_the_knob_of_the_workload_at_hand():
+    """A Poisson load slows down by its qps; a replayed trace by its time_scale (Workload.poisson takes none)."""
+    replay = dataclasses.replace(TIMED, trace=TraceInfo("trace.jsonl", 0, 0))
+    for workload, knob, other in ((TIMED, "a lower qps", "time_scale"),
+                                  (replay, "a larger time_scale in Workload.from_trace", "qps")):
+        late = behind_schedule([sent(workload, lambda i: 0.02 * i)], workload)
+        rising = saturated([sent(workload, lambda i: 0.0, lambda i: 0.05 + 0.01 * i)], workload)
+        for why in (late, rising):
+            assert f"fewer requests per second ({knob})" in why and other not in why, why
 
 
 @pytest.mark.parametrize("ttft", [
