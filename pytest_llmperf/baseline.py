@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from . import paging_timeline, quantiles, stats
-from .formatting import number, pair
+from .formatting import apart, change, pair
 
 SCHEMA = 1
 DEFAULT_TOLERANCE = 0.10
@@ -548,7 +548,7 @@ def _spread(per_repeat: Sequence[Mapping[str, float | None]], metric: str) -> fl
 def format_table(verdict: Verdict) -> str:
     head = ("result", "metric", "baseline", "current", "change", "allowed", "reason")
     rows = [head] + [
-        (r.label or "-", r.metric, number(r.baseline), number(r.current), f"{r.change:+.1%}", f"{r.allowed:.1%}",
+        (r.label or "-", r.metric, *apart(r.baseline, r.current), change(r.change), f"{r.allowed:.1%}",
          r.reason or r.verdict)
         for r in verdict.rows if _shown(r)
     ]

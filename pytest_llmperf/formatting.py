@@ -4,6 +4,7 @@ never show one value three ways."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -15,12 +16,27 @@ def number(x: float) -> str:
     return f"{x:.0f}" if abs(x) >= 1000 else f"{x:.4g}"
 
 
+def apart(old: Any, new: Any, write: Callable[[Any], str] = number) -> tuple[str, str]:
+    """Two values as `write` writes them, with more digits where it would print two different values alike
+    (an exact paging metric that moved in its fifth digit)."""
+    a, b = write(old), write(new)
+    if a == b and old != new and isinstance(old, float | int) and isinstance(new, float | int):
+        a, b = f"{old:.6g}", f"{new:.6g}"
+    return a, b
+
+
 def pair(old: float, new: float) -> str:
     """`old -> new` with enough digits that two different values never print alike."""
-    a, b = number(old), number(new)
-    if a == b and old != new:
-        a, b = f"{old:.6g}", f"{new:.6g}"
+    a, b = apart(old, new)
     return f"{a} -> {b}"
+
+
+def change(fraction: float) -> str:
+    """A relative change (`+12.3%`); one under a twentieth of a percent with the digits that show it is not 0."""
+    text = f"{fraction:+.1%}"
+    if fraction != 0 and float(text[:-1]) == 0:
+        text = f"{fraction * 100:+.2g}%"
+    return text
 
 
 def cell(value: Any) -> str:

@@ -190,14 +190,40 @@ def _joined(*parts: str) -> str:
     return "\n".join(p for p in parts if p)
 
 
+def _changed(stored: Mapping[str, Any], env: Mapping[str, Any]) -> list[str]:
+    return [f"  changed since the baseline: {key}: {before} -> {after}"
+            for key, before, after in baseline.environment_changes(stored, env)]
+
+
+def changes_before_comparing(cfg: GateConfig, test_id: str, env: Mapping[str, Any]) -> list[str]:
+    """What this run's settings changed since the stored baseline, for a test that failed before its
+    comparison (an invalid result, a broken limit): the change a user made is often the reason."""
+    if cfg.mode not in ("compare", "require"):
+        return []
+    try:
+        stored = baseline.load(baseline.path_for(cfg.root, test_id, cfg.hardware, cfg.model))
+    except BaselineError:  # an unreadable file errors at the test's setup already
+        return []
+    return _changed(stored.get("environment") or {}, env) if stored is not None else []
+
+
+def _counted(rows: Sequence[baseline.Row]) -> str:
+    """`6 metrics, 1 paging timeline`: counted as the session's summary counts them."""
+    timelines = sum(r.metric == baseline.TIMELINE for r in rows)
+    metrics = len(rows) - timelines
+    parts = [f"{metrics} metric{'s' if metrics != 1 else ''}"] if metrics or not timelines else []
+    if timelines:
+        parts.append(f"{timelines} paging timeline{'s' if timelines != 1 else ''}")
+    return ", ".join(parts)
+
+
 def failure_text(verdict: Verdict, env: Mapping[str, Any]) -> str:
-    lines = [f"llmperf: regression against the stored baseline ({len(verdict.regressions)} metric"
-             f"{'s' if len(verdict.regressions) != 1 else ''})", baseline.format_table(verdict)]
+    lines = [f"llmperf: regression against the stored baseline ({_counted(verdict.regressions)})",
+             baseline.format_table(verdict)]
     if any(r.passes > 1 and not r.exact for r in verdict.regressions):
         lines.append("  current: per metric, the best value any pass reached (the summary table and results.json "
                      "show the first pass)")
-    lines += [f"  changed since the baseline: {key}: {before} -> {after}"
-              for key, before, after in baseline.environment_changes(verdict.environment or {}, env)]
+    lines += _changed(verdict.environment or {}, env)
     if verdict.message:
         lines.append("  " + verdict.message.replace("\n", "\n  "))
     return "\n".join(lines)

@@ -15,7 +15,7 @@ from typing import Any
 from . import baseline
 from .assertions import format_margin
 from .baseline import Entry, strict_json
-from .formatting import cell
+from .formatting import apart, cell, change
 
 RESULTS_SCHEMA = 1
 HEADLINE = (("p99_ttft_ms", "TTFT p99 ms"), ("p99_tpot_ms", "TPOT p99 ms"), ("p99_itl_ms", "ITL p99 ms"),
@@ -95,8 +95,8 @@ def markdown(records: Sequence[TestRecord], session: Mapping[str, Any]) -> str:
         if picked:
             lines += ["", f"### {title}", "", "| test | result | metric | baseline | current | change | allowed | reason |",
                       "|---|---|---|---|---|---|---|---|"]
-            lines += [f"| `{t}` | {r['label']} | {r['metric']} | {cell(r['baseline'])} | {cell(r['current'])} | "
-                      f"{r['change']:+.1%} | {r['allowed']:.1%} | {r['reason'] or r['verdict']} |" for t, r in picked]
+            lines += [f"| `{t}` | {r['label']} | {r['metric']} | {' | '.join(apart(r['baseline'], r['current'], cell))} | "
+                      f"{change(r['change'])} | {r['allowed']:.1%} | {r['reason'] or r['verdict']} |" for t, r in picked]
     return "\n".join(lines) + "\n"
 
 
@@ -115,6 +115,10 @@ def baseline_counts(records: Sequence[TestRecord]) -> str:
         return ""
     counts = {status: sum(r.baseline == status for r in judged) for status, _ in _STANDING}
     parts = [f"{n} {words}" for (status, words), n in zip(_STANDING, counts.values()) if n]
+    # a test whose limits failed or whose result was invalid never reaches its baseline: counted, not lost
+    before = sum(r.baseline == "-" and r.outcome in ("failed", "invalid") for r in records)
+    if before:
+        parts.append(f"{before} not compared (failed or invalid first)")
     partial = sum(1 for r in judged if r.baseline in ("pass", "regression") and r.baseline_uncompared)
     if partial:
         parts.append(f"{partial} compared in part (a result without a usable baseline)")
@@ -125,7 +129,8 @@ def baseline_counts(records: Sequence[TestRecord]) -> str:
     better = sum(row["verdict"] in ("improvement", "changed") for row in rows)
     unfailable = sum(row["verdict"] == "not-gated" and row["reason"].startswith(baseline.UNFAILABLE) for row in rows)
     few = sum(row["verdict"] == "not-gated" for row in rows) - unfailable
-    return (f"baselines: {len(judged)} tests: " + ", ".join(parts)
+    tests = len(judged) + before
+    return (f"baselines: {tests} test{'s' if tests != 1 else ''}: " + ", ".join(parts)
             + f"; {worse} metric{'s' if worse != 1 else ''} regressed or changed, {better} improved"
             + (f"; {len(timelines)} paging timeline{'s' if len(timelines) != 1 else ''} changed" if timelines else "")
             + (f"; {few} percentile{'s' if few != 1 else ''} not gated (too few samples for them)" if few else "")
@@ -225,6 +230,6 @@ def terminal_lines(records: Sequence[TestRecord]) -> list[str]:
                 continue
             kind = _ROW_WORDS.get(row["verdict"])
             if kind is not None:
-                lines.append(f"  {kind}: {rec.test} {row['label']!r} {row['metric']} {cell(row['baseline'])} -> "
-                             f"{cell(row['current'])} ({row['change']:+.1%})")
+                lines.append(f"  {kind}: {rec.test} {row['label']!r} {row['metric']} "
+                             f"{' -> '.join(apart(row['baseline'], row['current'], cell))} ({change(row['change'])})")
     return lines

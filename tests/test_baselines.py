@@ -279,7 +279,7 @@ def test_a_test_pinned_to_a_model_of_its_own_keeps_its_baseline_in_the_sessions_
     assert {e["model"] for e in doc["environment"]["engines"].values()} == {"shape:tiny-llama"}
     again = pytester.runpytest_inprocess(*args, "--llmperf-baseline=require")
     again.assert_outcomes(passed=1)
-    assert "baselines: 1 tests: 1 passed" in again.stdout.str()  # compared with the pinned model's baseline
+    assert "baselines: 1 test: 1 passed" in again.stdout.str()  # compared with the pinned model's baseline
 
 
 GATE_MARKED = """
@@ -612,10 +612,10 @@ def test_require_mode_fails_what_was_not_compared_with_the_command_that_records_
     missing.stdout.fnmatch_lines(["*llmperf: --llmperf-baseline=require: no baseline for cpu/shape:tiny-llama at "
                                   "*baselines/cpu/shape_tiny-llama/test_r.py_test_two.json; record it with: "
                                   "pytest 'test_r.py::test_two' --llmperf-baseline=update*",
-                                  "*baselines: 1 tests: 1 had no baseline*"])
+                                  "*baselines: 1 test: 1 had no baseline*"])
     lenient = pytester.runpytest_inprocess(*args)
     lenient.assert_outcomes(passed=1)
-    lenient.stdout.fnmatch_lines(["*baselines: 1 tests: 1 had no baseline; 0 metrics regressed or changed, 0 improved*"])
+    lenient.stdout.fnmatch_lines(["*baselines: 1 test: 1 had no baseline; 0 metrics regressed or changed, 0 improved*"])
     pytester.runpytest_inprocess(*args, "--llmperf-baseline=update").assert_outcomes(passed=1)
     pytester.runpytest_inprocess(*args, "--llmperf-baseline=require").assert_outcomes(passed=1)
 
@@ -644,7 +644,7 @@ def test_require_mode_fails_what_was_not_compared_with_the_command_that_records_
     corrupt.assert_outcomes(errors=1)  # at setup, before the engine runs
     corrupt.stdout.fnmatch_lines([f"*baseline {path} is unreadable*"])
     # the summary counts it with the baselines, not as if that test did not exist
-    corrupt.stdout.fnmatch_lines(["baselines: * tests: *1 had an unreadable baseline (an error before the test ran)*"])
+    corrupt.stdout.fnmatch_lines(["baselines: 1 test: 1 had an unreadable baseline (an error before the test ran)*"])
 
 
 TWO_ENGINES = """
@@ -738,3 +738,32 @@ def test_the_environment_comes_from_every_run_and_a_change_is_named_down_to_the_
     text = failure_text(baseline.Verdict("regression", environment=old), env)
     assert "changed since the baseline: engines.b.engine_config.max_num_seqs: 32 -> 16" in text
     assert "engines.a" not in text
+
+
+def test_the_failure_header_counts_metrics_and_timelines_as_the_summary_does():
+    """`(1 metric, 1 paging timeline)`, as the session's summary line counts them, not one total of both."""
+    from pytest_llmperf.gating import failure_text
+
+    blocks = baseline.Row("b32", "kv_blocks_peak", 547, 280, 0.0, "changed", exact=True, reason="paging changed")
+    steps = baseline.Row("b32", baseline.TIMELINE, 293, 636, 0.0, "regression", exact=True, reason="diverged at step 2")
+    heads = [failure_text(baseline.Verdict("regression", rows=rows), {}).splitlines()[0]
+             for rows in ((blocks, steps), (blocks,), (steps,))]
+    assert heads == [f"llmperf: regression against the stored baseline ({n})"
+                     for n in ("1 metric, 1 paging timeline", "1 metric", "1 paging timeline")]
+
+
+def test_a_test_failing_before_its_comparison_still_says_what_changed_since_its_baseline(tmp_path):
+    """An invalid result or a broken limit never reaches the comparison; the settings changed since the
+    stored baseline (often the reason) are still named, where the session compares at all."""
+    from pytest_llmperf.gating import GateConfig, changes_before_comparing
+
+    test_id, now = "perf_tests/test_x.py::test_a", {"engine_config": {"max_num_seqs": 8}}
+    cfg = GateConfig("compare", tmp_path, 0.1, "cpu", "shape:tiny-llama")
+    assert changes_before_comparing(cfg, test_id, now) == []  # no baseline yet
+    baseline.write(baseline.path_for(tmp_path, test_id, "cpu", "shape:tiny-llama"),
+                   baseline.document(test_id, "cpu", "shape:tiny-llama", {"engine_config": {"max_num_seqs": 128}}, []))
+    said = ["  changed since the baseline: engine_config.max_num_seqs: 128 -> 8"]
+    assert changes_before_comparing(cfg, test_id, now) == said
+    assert changes_before_comparing(dataclasses.replace(cfg, mode="require"), test_id, now) == said
+    for mode in ("update", "off"):
+        assert changes_before_comparing(dataclasses.replace(cfg, mode=mode), test_id, now) == []

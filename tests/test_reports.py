@@ -177,6 +177,21 @@ def test_one_number_format_for_messages_margins_and_tables():
     assert [cell(x) for x in (None, 0.12345, 2147.44, 33)] == ["-", "0.123", "2147.4", "33"]
 
 
+def test_a_value_that_moved_never_reads_as_unchanged():
+    """An exact paging metric that moved in its fifth digit: tables and summary lines show the digits that
+    differ and a change that is not 0.0%; as in the regression table a gate prints."""
+    from pytest_llmperf import baseline
+    from pytest_llmperf.formatting import apart, cell, change
+
+    assert apart(0.05702, 0.05698, cell) == ("0.05702", "0.05698") and apart(0.0571, 0.0571, cell) == ("0.057",) * 2
+    assert apart(None, 0.5, cell) == ("-", "0.500")
+    assert [change(x) for x in (0.1234, -0.0007, -0.0003, 0.0, -0.05)] == ["+12.3%", "-0.1%", "-0.03%", "+0.0%", "-5.0%"]
+    row = baseline.Row("0", "kv_fragmentation_mean", 0.0570102, 0.0570098, 0.0, "regression", exact=True,
+                       reason="paging changed")
+    table = baseline.format_table(baseline.Verdict("regression", rows=[row]))
+    assert "0.0570102  0.0570098  -0.0007%" in table, table
+
+
 @pytest.mark.parametrize(("measured", "bound", "upper", "line"), [
     (26, 0, True, "kv_preemptions 26 > 0 (over the limit)"),  # the README's first test: never "26 <= 0"
     (0, 0, True, "kv_preemptions 0 <= 0"),
@@ -226,3 +241,17 @@ def test_c_stopped(hf_engine, llmperf):
     assert [t["test"] for t in doc["tests"]] == ["test_s.py::test_a_too_slow", "test_s.py::test_b_fine"]
     assert [t["outcome"] for t in doc["tests"]] == ["failed", "passed"]
     assert (pytester.path / "rep" / "summary.md").exists()
+
+
+def test_the_baseline_count_names_every_test_the_gate_met_those_that_failed_first_too():
+    """A test that failed its limits (or whose result was invalid) never reaches its baseline: the summary
+    counts it as not compared, so that its tests add up to the session's. A test that passed without a
+    record of the gate (--llmperf-baseline=off) is not among them."""
+    from pytest_llmperf.report import TestRecord, baseline_counts
+
+    recs = [TestRecord("a", "passed", "no-baseline"), TestRecord("b", "failed"), TestRecord("c", "invalid"),
+            TestRecord("d", "passed")]
+    assert baseline_counts(recs).startswith("baselines: 3 tests: 1 had no baseline, 2 not compared (failed or "
+                                            "invalid first); 0 metrics regressed or changed, 0 improved")
+    assert baseline_counts(recs[:1]).startswith("baselines: 1 test: 1 had no baseline;")
+    assert baseline_counts(recs[1:]) == ""  # no test met the gate: nothing to count
