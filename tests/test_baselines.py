@@ -767,3 +767,31 @@ def test_a_test_failing_before_its_comparison_still_says_what_changed_since_its_
     assert changes_before_comparing(dataclasses.replace(cfg, mode="require"), test_id, now) == said
     for mode in ("update", "off"):
         assert changes_before_comparing(dataclasses.replace(cfg, mode=mode), test_id, now) == []
+
+
+def test_the_selection_says_how_many_of_its_tests_have_a_baseline_before_any_engine_starts(pytester):
+    """The header counts the baseline folder; after collection one line says how many of the selected tests
+    that measure will be compared (collected only here: no engine starts)."""
+    pytester.makepyfile(test_sel="""
+        def test_a(llmperf):
+            pass
+
+        def test_b(llmperf):
+            pass
+
+        def test_plain():
+            pass
+    """)
+    folder = pytester.path / "baselines"
+    baseline.write(baseline.path_for(folder, "test_sel.py::test_a", "cpu", "shape:tiny-llama"),
+                   baseline.document("test_sel.py::test_a", "cpu", "shape:tiny-llama", {}, []))
+    opts = ("--co", "--llmperf-hardware=cpu", "--llmperf-model=shape:tiny-llama")
+    compare = pytester.runpytest_inprocess(*opts)
+    compare.stdout.fnmatch_lines(["llmperf: 1 of the 2 selected tests that measure have a stored baseline; the others "
+                                  "have nothing to be compared with (their limits still apply)"])
+    require = pytester.runpytest_inprocess(*opts, "--llmperf-baseline=require", "-k", "test_a or test_plain")
+    require.stdout.fnmatch_lines(["llmperf: 1 of the 1 selected tests that measure have a stored baseline"])
+    assert "the others" not in require.stdout.str()
+    for quiet in (pytester.runpytest_inprocess(*opts, "--llmperf-baseline=update"),
+                  pytester.runpytest_inprocess(*opts, "-k", "test_plain")):
+        assert "selected tests that measure" not in quiet.stdout.str()
