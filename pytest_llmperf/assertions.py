@@ -7,6 +7,7 @@ and docstrings, so the documentation cannot drift from the code.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -221,6 +222,13 @@ def marker_help(name: str) -> str:
     return f"{name}({params}): llmperf: {inspect.getdoc(fn)}"
 
 
+def _did_you_mean(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> str:
+    """`; did you mean ttft=250?` for each keyword the marker does not take that is close to one it does."""
+    taken = list(inspect.signature(fn).parameters)
+    close = [(k, difflib.get_close_matches(k, taken, n=1)) for k in kwargs if k not in taken]
+    return "".join(f"; did you mean {match[0]}={kwargs[k]!r}?" for k, match in close if match)
+
+
 # -- evaluation ------------------------------------------------------------------------------------
 def parse(name: str, args: Sequence[Any], kwargs: Mapping[str, Any], hardware: str | None,
           classes: Collection[str] = ()) -> list[Limit]:
@@ -233,7 +241,8 @@ def parse(name: str, args: Sequence[Any], kwargs: Mapping[str, Any], hardware: s
                   for k, v in kwargs.items()}
         inspect.signature(fn).bind(*args, **kwargs)
     except TypeError as e:
-        raise MarkerError(f"@pytest.mark.{_written(name, args, kwargs)}: {e}; usage: {marker_help(name)}") from None
+        raise MarkerError(f"@pytest.mark.{_written(name, args, kwargs)}: {e}{_did_you_mean(fn, kwargs)}; "
+                          f"usage: {marker_help(name)}") from None
     except MarkerError as e:
         raise MarkerError(f"@pytest.mark.{_written(name, args, kwargs)}: {e}") from None
     try:

@@ -149,7 +149,10 @@ def test_an_engine_option_of_the_wrong_kind_is_named_before_vllm_starts():
 
     for given, said in (({"max_num_seqs": "lots"}, "takes max_num_seqs as int, got 'lots'"),
                         ({"enforce_eager": "yes"}, "takes enforce_eager as bool, got 'yes'"),
-                        ({"gpu_memory_utilization": "0.3"}, "takes gpu_memory_utilization as float, got '0.3'")):
+                        ({"gpu_memory_utilization": "0.3"}, "takes gpu_memory_utilization as float, got '0.3'"),
+                        # an option vLLM does not take, named with the one it does that is closest
+                        ({"max_num_seq": 4, "zzz": 1}, "does not take these engine options"),
+                        ({"max_num_seq": 4}, "; did you mean max_num_seqs for max_num_seq?")):
         with pytest.raises(EngineOptionError, match=re.escape(said)):
             VLLMEngine(resolve_model("shape:tiny-llama"), given)
 

@@ -31,6 +31,7 @@ import asyncio
 import atexit
 import contextlib
 import dataclasses
+import difflib
 import gc
 import os
 import shutil
@@ -39,7 +40,7 @@ import threading
 import time
 import typing
 from collections import defaultdict
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, NamedTuple
 
 from ..models import ModelSpec
@@ -243,6 +244,13 @@ def _token_clock(llm: Any, mode: str) -> TokenClock | None:
     return TokenClock(processor)
 
 
+def _did_you_mean(args_class: type, config: Mapping[str, Any]) -> str:
+    """`; did you mean max_num_seqs?` for each option vLLM does not take that is close to one it does."""
+    taken = [f.name for f in dataclasses.fields(args_class)]
+    close = [(k, difflib.get_close_matches(k, taken, n=1)) for k in config if k not in taken]
+    return "".join(f"; did you mean {match[0]} for {k}?" for k, match in close if match)
+
+
 def _check_kinds(args_class: Any, config: dict[str, Any], version: str) -> None:
     """A number or switch given as something else (`max_num_seqs="lots"`) named here, by option, rather than
     as a TypeError deep in vLLM's config checks: the annotations of vLLM's engine arguments say which kind
@@ -345,7 +353,8 @@ class VLLMEngine(Engine):
         try:
             engine_args = AsyncEngineArgs(**args)
         except TypeError as e:
-            raise EngineOptionError(f"vLLM {self.version} does not take these engine options: {e}") from None
+            raise EngineOptionError(f"vLLM {self.version} does not take these engine options: {e}"
+                                    f"{_did_you_mean(AsyncEngineArgs, config)}") from None
         _check_kinds(AsyncEngineArgs, config, self.version)
         if not self._cpu and not getattr(engine_args, "kv_cache_memory_bytes", None):
             self._check_free_memory(engine_args.gpu_memory_utilization)
