@@ -37,17 +37,17 @@ def add(parser: pytest.Parser) -> None:
                     help="openai engine: the model name at the server (default: the first it serves)")
     group.addoption("--llmperf-api-key-env", default=None,
                     help="openai engine: environment variable holding the API key (default OPENAI_API_KEY)")
-    group.addoption("--llmperf-server-config", default=None,
+    group.addoption("--llmperf-server-config", default=None, metavar="JSON",
                     help="vllm_server fixture: options for `vllm serve` as a JSON object")
     parser.addini("llmperf_base_url", "openai engine: server URL", default="")
     parser.addini("llmperf_served_model", "openai engine: model name at the server", default="")
     parser.addini("llmperf_api_key_env", "openai engine: API key variable", default="")
     parser.addini("llmperf_server_config", "vllm_server: vllm serve options (JSON object)", default="")
-    group.addoption("--llmperf-model", default=None,
+    group.addoption("--llmperf-model", default=None, metavar="MODEL",
                     help=f"model folder, hub id or shape:NAME with random weights (default {DEFAULT_MODEL})")
-    group.addoption("--llmperf-engine-config", default=None,
+    group.addoption("--llmperf-engine-config", default=None, metavar="JSON",
                     help="options of the --llmperf-engine engine as a JSON object, under any @pytest.mark.llmperf_engine(...)")
-    group.addoption("--llmperf-hardware", default=None,
+    group.addoption("--llmperf-hardware", default=None, metavar="CLASS",
                     help="judge this machine as hardware class CLASS (default: detected; cpu without GPU): tests that "
                          "name no class are marked with it (-m CLASS selects them), tests marked for another class "
                          "are skipped, and baselines and per-hardware limits of CLASS apply")
@@ -55,15 +55,16 @@ def add(parser: pytest.Parser) -> None:
                     help="compare with stored baselines (default; a test without one passes, reported), require "
                          "(as compare, and a missing, stale or other engine's baseline fails the test: the "
                          "pull-request gate), update them from this run, or off")
-    group.addoption("--llmperf-baseline-dir", default=None, help="baseline folder (default: <rootdir>/baselines)")
+    group.addoption("--llmperf-baseline-dir", default=None, metavar="DIR", help="baseline folder (default: <rootdir>/baselines)")
     group.addoption("--llmperf-paging", default=None, choices=PAGING_MODES,
                     help="a deterministic result whose paging timeline differs from its baseline step by step: "
                          "fails (strict, default) or is reported while only the paging summaries gate (summary)")
     parser.addini("llmperf_paging", "paging timeline against the baseline: strict or summary", default="strict")
-    group.addoption("--llmperf-tolerance", default=None,
+    group.addoption("--llmperf-tolerance", default=None, metavar="TOL[,METRIC=TOL...]",
                     help="relative tolerance of timing metrics against a baseline, and per metric if given: "
-                         "0.10 (default), or 0.10,output_tokens_per_s=0.05 (a test's llmperf_tolerance marker wins)")
-    group.addoption("--llmperf-retries", default=None, type=int,
+                         "0.10, or 0.10,output_tokens_per_s=0.05 (default: the ini llmperf_tolerance, else 0.10; a "
+                         "test's llmperf_tolerance marker wins)")
+    group.addoption("--llmperf-retries", default=None, type=int, metavar="N",
                     help="measure a result that violates a limit or regresses on timing metrics against its "
                          "baseline, or a failing property-test example, this many more times before it counts; "
                          "baselines are recorded as the best of 1 + N passes (default 2)")
