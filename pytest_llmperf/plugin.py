@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from . import activation, judging, markers, options, properties, pytest_benchmark_bridge, selection, soak
-from .baseline import folder_for, path_for
+from .baseline import folder_for
 from .engines import registry
 from .fixtures import (  # noqa: F401 - pytest finds a plugin's fixtures in its module
     check_server,
@@ -94,22 +94,6 @@ def pytest_report_header(config: pytest.Config) -> str | None:
             f"baseline {gate.mode}: {stored} stored in {where}/{elsewhere}")
 
 
-_UNRECORDED = {"compare": "the others have nothing to be compared with (their limits still apply)",
-               "require": "the others will fail, each with the command that records it"}
-
-
-def _stored_baselines_line(config: pytest.Config, items: list[pytest.Item]) -> str | None:
-    """How many of the selected tests that measure have a baseline to be judged against, before any engine
-    starts (the header counts the folder, not the selection)."""
-    gate = config.stash[SESSION].gate
-    measuring = [item for item in items if selection.uses_plugin(item)]
-    if gate.mode not in _UNRECORDED or not measuring:
-        return None
-    stored = sum(path_for(gate.root, item.nodeid, gate.hardware, gate.model).exists() for item in measuring)
-    line = f"llmperf: {stored} of the {len(measuring)} selected tests that measure have a stored baseline"
-    return line + (f"; {_UNRECORDED[gate.mode]}" if stored < len(measuring) else "")
-
-
 def pytest_collection_finish(session: pytest.Session) -> None:
     # the tests that will run, in their order (after -m and -k): which engines may start together
     state = session.config.stash[SESSION]
@@ -120,7 +104,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
-    lines = (selection.empty_selection_line(config, items), _stored_baselines_line(config, items))
+    lines = (selection.empty_selection_line(config, items), selection.stored_baselines_line(config, items))
     return [line for line in lines if line]
 
 

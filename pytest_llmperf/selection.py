@@ -13,7 +13,7 @@ import pytest
 
 from . import markers, properties
 from .assertions import TIMING_MARKERS, MarkerError
-from .baseline import BaselineError, gates_timing
+from .baseline import BaselineError, gates_timing, path_for
 from .engines import registry
 from .gpu import KNOWN_CLASSES
 from .session import SESSION, engine_options, gate_option, model_option
@@ -64,6 +64,22 @@ def empty_selection_line(config: pytest.Config, items: list[pytest.Item]) -> str
     return (f"llmperf: -m {expr!r} selected no test: this machine is {state.hardware} (tests that name no hardware "
             f"carry it), and the tests carry {found}; select with -m {state.hardware}, or judge this machine as "
             f"another class with --llmperf-hardware {named[0]}")
+
+
+_UNRECORDED = {"compare": "the others have nothing to be compared with (their limits still apply)",
+               "require": "the others will fail, each with the command that records it"}
+
+
+def stored_baselines_line(config: pytest.Config, items: list[pytest.Item]) -> str | None:
+    """How many of the selected tests that measure have a baseline to be judged against, before any engine
+    starts (the header counts the folder, not the selection)."""
+    gate = config.stash[SESSION].gate
+    measuring = [item for item in items if uses_plugin(item)]
+    if gate.mode not in _UNRECORDED or not measuring:
+        return None
+    stored = sum(path_for(gate.root, item.nodeid, gate.hardware, gate.model).exists() for item in measuring)
+    line = f"llmperf: {stored} of the {len(measuring)} selected tests that measure have a stored baseline"
+    return line + (f"; {_UNRECORDED[gate.mode]}" if stored < len(measuring) else "")
 
 
 # Transformers runs in the test process: once it has run on a GPU, its CUDA context and cached memory stay
