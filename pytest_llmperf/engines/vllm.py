@@ -245,7 +245,7 @@ def _token_clock(llm: Any, mode: str) -> TokenClock | None:
 
 
 def _did_you_mean(args_class: type, config: Mapping[str, Any]) -> str:
-    """`; did you mean max_num_seqs?` for each option vLLM does not take that is close to one it does."""
+    """`; did you mean max_num_seqs for max_num_seq?` for each option vLLM does not take that is close to one it takes."""
     taken = [f.name for f in dataclasses.fields(args_class)]
     close = [(k, difflib.get_close_matches(k, taken, n=1)) for k in config if k not in taken]
     return "".join(f"; did you mean {match[0]} for {k}?" for k, match in close if match)
