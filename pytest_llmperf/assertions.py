@@ -7,7 +7,6 @@ and docstrings, so the documentation cannot drift from the code.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -15,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import quantiles
-from .formatting import number
+from .formatting import closest, number
 from .metrics import PerfResult, SequenceMetrics, throughput_per_gib
 from .sweep import LATENCY_METRIC_NAMES, Sweep, unknown_latency_metrics
 
@@ -224,9 +223,7 @@ def marker_help(name: str) -> str:
 
 def _did_you_mean(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> str:
     """`; did you mean ttft=250?` for each keyword the marker does not take that is close to one it does."""
-    taken = list(inspect.signature(fn).parameters)
-    close = [(k, difflib.get_close_matches(k, taken, n=1)) for k in kwargs if k not in taken]
-    return "".join(f"; did you mean {match[0]}={kwargs[k]!r}?" for k, match in close if match)
+    return "".join(f"; did you mean {match}={kwargs[k]!r}?" for k, match in closest(kwargs, inspect.signature(fn).parameters))
 
 
 # -- evaluation ------------------------------------------------------------------------------------

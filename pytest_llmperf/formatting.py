@@ -4,7 +4,8 @@ never show one value three ways."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import difflib
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 
@@ -29,6 +30,16 @@ def pair(old: float, new: float) -> str:
     """`old -> new` with enough digits that two different values never print alike."""
     a, b = apart(old, new)
     return f"{a} -> {b}"
+
+
+def closest(given: Iterable[str], taken: Collection[str]) -> list[tuple[str, str]]:
+    """(name, the taken name it most resembles) for each given name not taken that is close to one: the guess
+    an error about a typo offers."""
+    out = []
+    for name in given:
+        if name not in taken and (match := difflib.get_close_matches(name, list(taken), n=1)):
+            out.append((name, match[0]))
+    return out
 
 
 def change(fraction: float) -> str:

@@ -5,7 +5,7 @@ starts each engine configuration once."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,7 +115,7 @@ def engine_order(items: list[pytest.Item], in_process_last: bool, beside_last: b
     groups = {item.nodeid: engine_group(item) for item in items}
     late = {item.nodeid for item in items if in_process_last and in_process(item)}
     holding = {groups[nodeid] for nodeid in late}
-    asked = {item.nodeid: _asked(item, engine_name, set(engines), model_spec) for item in items} if beside_last else {}
+    asked = {item.nodeid: _asked(item, engine_name, engines, model_spec) for item in items} if beside_last else {}
     timed = _timed(asked.values())
     beside = {groups[nodeid] for nodeid, found in asked.items() if _joins(found, timed)}
     return {nodeid: (group in holding, group in beside, group, nodeid in late) for nodeid, group in groups.items()}
@@ -158,7 +158,7 @@ class _Asked:
     timed: bool  # its baseline or its limits judge timing
 
 
-def _asked(item: pytest.Item, engine_name: str, engines: set[str], model_spec: str | None) -> _Asked | None:
+def _asked(item: pytest.Item, engine_name: str, engines: Collection[str], model_spec: str | None) -> _Asked | None:
     """None for a test that uses no engine of the pool."""
     names = set(getattr(item, "fixturenames", ()))
     fixtures = sorted(n for n in names if n == "llm_engine" or n.removesuffix("_engine") in engines)

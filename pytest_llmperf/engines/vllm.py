@@ -31,7 +31,6 @@ import asyncio
 import atexit
 import contextlib
 import dataclasses
-import difflib
 import gc
 import os
 import shutil
@@ -43,6 +42,7 @@ from collections import defaultdict
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, NamedTuple
 
+from ..formatting import closest
 from ..models import ModelSpec
 from ..trace import Chunk, EngineTimes, KVSample, RunTrace, SequenceTrace, ServerTimes
 from ..workload import Request, Workload
@@ -246,9 +246,8 @@ def _token_clock(llm: Any, mode: str) -> TokenClock | None:
 
 def _did_you_mean(args_class: type, config: Mapping[str, Any]) -> str:
     """`; did you mean max_num_seqs for max_num_seq?` for each option vLLM does not take that is close to one it takes."""
-    taken = [f.name for f in dataclasses.fields(args_class)]
-    close = [(k, difflib.get_close_matches(k, taken, n=1)) for k in config if k not in taken]
-    return "".join(f"; did you mean {match[0]} for {k}?" for k, match in close if match)
+    taken = {f.name for f in dataclasses.fields(args_class)}
+    return "".join(f"; did you mean {match} for {k}?" for k, match in closest(config, taken))
 
 
 def _check_kinds(args_class: Any, config: dict[str, Any], version: str) -> None:
