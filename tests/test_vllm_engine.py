@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_llmperf import Request, Workload
-from pytest_llmperf.engines.vllm import TokenClock
+from pytest_llmperf.engines.vllm import TRITON_CACHE_ENV, TokenClock, triton_cache_folder
 from pytest_llmperf.runner import STEADY_MAX_PASSES
 
 pytest.importorskip("vllm")
@@ -204,6 +204,12 @@ def test_token_clock_stamps_every_slice_of_one_step_alike_on_a_fake_output_proce
     processor.process_outputs([out("a")], engine_core_timestamp=10.5)  # the next step
     (a,), (b,), (c,) = (clock.take(name, 1) for name in "abc")
     assert a[0].t == b[0].t == c[0].t < a[1].t and [x.n_tokens for x in a] == [1, 1]
+
+
+def test_a_gpu_engines_triton_kernels_are_kept_with_vllms_compile_cache_unless_the_environment_says_where():
+    # the folder only (CI has no GPU): the first warm start it saves is measured on the H200 (docs/gpu-validation.md)
+    assert triton_cache_folder({}, "/cache/vllm") == "/cache/vllm/triton"
+    assert triton_cache_folder({TRITON_CACHE_ENV: "/mine"}, "/cache/vllm") is None
 
 
 @pytest.mark.llmperf_engine(disable_log_stats=False, max_num_seqs=64, **BASE)

