@@ -444,7 +444,7 @@ def test_kv_usage_of_a_short_poisson_run_is_measured_run_after_run(served, opena
     assert measured == 3, f"usage measured in {measured} of 12 runs"
 
 
-def test_a_cpu_builds_server_runs_unpinned_unless_the_environment_says_otherwise():
+def test_the_environment_vllm_serve_gets_on_a_cpu_and_on_a_gpu():
     """Plugin mechanics: the environment `vllm serve` gets (no server started)."""
     from pytest_llmperf.engines.vllm_server import server_env
 
@@ -453,6 +453,10 @@ def test_a_cpu_builds_server_runs_unpinned_unless_the_environment_says_otherwise
     assert cpu["PATH"] == "/bin" and cpu["VLLM_NO_USAGE_STATS"] == "1"
     assert server_env(True, {"VLLM_CPU_OMP_THREADS_BIND": "0-1"})["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
     assert "VLLM_CPU_OMP_THREADS_BIND" not in server_env(False, {})  # a GPU build binds nothing
+    # a GPU server keeps Triton's kernels with vLLM's compile cache, as an in-process engine does; the CPU's has no Triton
+    assert server_env(False, {"VLLM_CACHE_ROOT": "/c"})["TRITON_CACHE_DIR"] == "/c/triton"
+    assert server_env(False, {"TRITON_CACHE_DIR": "/mine"})["TRITON_CACHE_DIR"] == "/mine"
+    assert "TRITON_CACHE_DIR" not in cpu
 
 
 def test_the_http_path_against_the_in_process_engine(served, openai_engine_factory, vllm_engine_factory, llmperf):

@@ -4,6 +4,7 @@ Engines are shared through the plugin's pool; the plugin runs tests that share a
 together, so each configuration below starts once.
 """
 
+import os
 import time
 from collections import defaultdict
 from types import SimpleNamespace
@@ -208,8 +209,10 @@ def test_token_clock_stamps_every_slice_of_one_step_alike_on_a_fake_output_proce
 
 def test_a_gpu_engines_triton_kernels_are_kept_with_vllms_compile_cache_unless_the_environment_says_where():
     # the folder only (CI has no GPU): the first warm start it saves is measured on the H200 (docs/gpu-validation.md)
-    assert triton_cache_folder({}, "/cache/vllm") == "/cache/vllm/triton"
-    assert triton_cache_folder({TRITON_CACHE_ENV: "/mine"}, "/cache/vllm") is None
+    assert triton_cache_folder({"VLLM_CACHE_ROOT": "/cache/vllm"}) == "/cache/vllm/triton"
+    assert triton_cache_folder({"XDG_CACHE_HOME": "/xdg"}) == "/xdg/vllm/triton"  # where vLLM puts its cache then
+    assert triton_cache_folder({}) == os.path.expanduser("~/.cache/vllm/triton")
+    assert triton_cache_folder({TRITON_CACHE_ENV: "/mine", "VLLM_CACHE_ROOT": "/cache/vllm"}) is None
 
 
 @pytest.mark.llmperf_engine(disable_log_stats=False, max_num_seqs=64, **BASE)

@@ -108,13 +108,17 @@ def own_socket_folder() -> None:
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
 
 
-def triton_cache_folder(environ: Mapping[str, str], vllm_cache_root: str) -> str | None:
-    """Where a GPU engine's Triton kernels are kept when the environment names no folder: in vLLM's cache root,
-    kept with its compile cache. Unset, PyTorch's Inductor points Triton at the folder of whichever compiled
-    graph the engine core loads, which differs between a start that compiles and one that loads vLLM's AOT
-    artifact, so the first start after a compile built vLLM's top-k/top-p sampling kernel again: 7 s more of
-    the 8B shape's start on an H200 (docs/performance.md, "The first warm start"). None: the environment's stays."""
-    return None if TRITON_CACHE_ENV in environ else os.path.join(vllm_cache_root, "triton")
+def triton_cache_folder(environ: Mapping[str, str]) -> str | None:
+    """Where a GPU engine's Triton kernels are kept when the environment names no folder: in vLLM's cache root
+    (VLLM_CACHE_ROOT, else $XDG_CACHE_HOME/vllm or ~/.cache/vllm, as vLLM finds it), kept with its compile cache.
+    Unset, PyTorch's Inductor points Triton at the folder of whichever compiled graph the engine core loads, which
+    differs between a start that compiles and one that loads vLLM's AOT artifact, so the first start after a
+    compile built vLLM's top-k/top-p sampling kernel again: 5.5 s more of the 8B shape's start on an H200
+    (docs/performance.md, "The first warm start after a compile"). None: the environment's folder stays."""
+    if TRITON_CACHE_ENV in environ:
+        return None
+    cache = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(os.path.expanduser(environ.get("VLLM_CACHE_ROOT") or os.path.join(cache, "vllm")), "triton")
 
 
 TRACE_ENV = "LLMPERF_KV_TRACE"  # vllm_sampler.TRACE_ENV (that module imports vLLM)
@@ -358,11 +362,8 @@ class VLLMEngine(Engine):
             args.update(block_size=32, dtype="bfloat16")  # the CPU attention takes multiples of 32 only
             for key, default in CPU_ENV.items():
                 os.environ.setdefault(key, default)
-        else:
-            import vllm.envs
-
-            if folder := triton_cache_folder(os.environ, vllm.envs.VLLM_CACHE_ROOT):
-                os.environ.setdefault(TRITON_CACHE_ENV, folder)  # inherited by the engine core
+        elif folder := triton_cache_folder(os.environ):
+            os.environ.setdefault(TRITON_CACHE_ENV, folder)  # inherited by the engine core
         args.update(config)
         try:
             engine_args = AsyncEngineArgs(**args)

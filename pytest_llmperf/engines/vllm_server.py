@@ -16,7 +16,7 @@ from typing import Any
 from ..models import ModelSpec
 from .base import need
 from .local_server import LocalServer, flags
-from .vllm import CPU_ENV, own_socket_folder
+from .vllm import CPU_ENV, TRITON_CACHE_ENV, own_socket_folder, triton_cache_folder
 
 CPU_DEFAULTS = {"block_size": 32}
 # On a CPU build vLLM pins its worker's OpenMP threads to the cores it finds and keeps one more for the
@@ -29,9 +29,12 @@ SERVER_CPU_ENV = {**CPU_ENV, "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
 def server_env(cpu: bool, environ: Mapping[str, str]) -> dict[str, str]:
-    """The server's environment: `environ` over the CPU build's defaults (`SERVER_CPU_ENV`), no usage stats."""
+    """The server's environment: `environ` over the CPU build's defaults (`SERVER_CPU_ENV`), no usage stats; on a
+    GPU, Triton's kernels kept in vLLM's cache root as an in-process engine keeps them (`triton_cache_folder`)."""
     env = {**SERVER_CPU_ENV, **environ} if cpu else dict(environ)
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    if not cpu and (folder := triton_cache_folder(env)):
+        env[TRITON_CACHE_ENV] = folder
     return env
 
 
