@@ -208,7 +208,7 @@ def test_token_clock_stamps_every_slice_of_one_step_alike_on_a_fake_output_proce
 
 
 def test_a_gpu_engines_triton_kernels_are_kept_with_vllms_compile_cache_unless_the_environment_says_where():
-    # the folder only (CI has no GPU): the first warm start it saves is measured on the H200 (docs/gpu-validation.md)
+    # the folder only (CI has no GPU); what it saves on a GPU is owed its runs (docs/gpu-validation.md, 2026-12-06 (late))
     assert triton_cache_folder({"VLLM_CACHE_ROOT": "/cache/vllm"}) == "/cache/vllm/triton"
     assert triton_cache_folder({"XDG_CACHE_HOME": "/xdg"}) == "/xdg/vllm/triton"  # where vLLM puts its cache then
     assert triton_cache_folder({}) == os.path.expanduser("~/.cache/vllm/triton")
