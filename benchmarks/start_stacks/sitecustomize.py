@@ -17,7 +17,7 @@ def _sample(path: str, every: float, limit: float) -> None:
 
     me = threading.get_ident()
     began = time.time()
-    with open(path, "w") as out:
+    with open(path, "w", buffering=1) as out:  # line by line: a process that ends without closing it keeps its samples
         out.write(f"started {began:.3f} every {every}\n")
         while time.time() - began < limit:
             time.sleep(every)
