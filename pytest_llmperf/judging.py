@@ -90,12 +90,12 @@ def judge(item: pytest.Item, perf: LLMPerf | None) -> Judgement:
     state = item.config.stash[SESSION]
     invalid = _invalid(item.nodeid, perf)
     if invalid:
-        return Judgement("\n".join([invalid, *_changes(item, perf)]), "invalid")
+        return Judgement("\n".join([invalid, *_changes(state, item.nodeid, perf)]), "invalid")
     failure, kind, notes = _limits_verdict(item.nodeid, item.stash.get(LIMITS, []), perf, state.retries)
     notes += _resent_note(perf)
     if failure is not None and kind == "perf":
         also = gating.beside_failed_limits(state.gate, item.nodeid)
-        failure = "\n".join([failure, *_changes(item, perf), *([f"  {also}"] if also else [])])
+        failure = "\n".join([failure, *_changes(state, item.nodeid, perf), *([f"  {also}"] if also else [])])
     if failure is not None or perf is None or not perf.results:
         return Judgement(failure, kind, None, notes)
     tolerance_marks = [m.kwargs for m in reversed(list(item.iter_markers(markers.TOLERANCE)))]
@@ -103,13 +103,12 @@ def judge(item: pytest.Item, perf: LLMPerf | None) -> Judgement:
     return Judgement(gated.failure, gated.kind, gated.verdict, notes + gated.notes)
 
 
-def _changes(item: pytest.Item, perf: LLMPerf | None) -> list[str]:
+def _changes(state: Session, test_id: str, perf: LLMPerf | None) -> list[str]:
     """`changed since the baseline: ...` lines of a test that failed before its baseline comparison."""
     if perf is None or not perf.results:
         return []
-    state = item.config.stash[SESSION]
     env = gating.environment(perf, state.hardware, state.gpu, state.model_spec)
-    return gating.changes_before_comparing(state.gate, item.nodeid, env)
+    return gating.changes_before_comparing(state.gate, test_id, env)
 
 
 def _invalid(test_id: str, perf: LLMPerf | None) -> str:

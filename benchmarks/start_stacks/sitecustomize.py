@@ -21,13 +21,12 @@ def _sample(path: str, every: float, limit: float) -> None:
         out.write(f"started {began:.3f} every {every}\n")
         while time.time() - began < limit:
             time.sleep(every)
-            frames = {k: v for k, v in sys._current_frames().items() if k != me}
+            stacks = {k: traceback.extract_stack(v) for k, v in sys._current_frames().items() if k != me}
             out.write(f"@ {time.time() - began:.2f}\n")
-            for ident, frame in frames.items():
-                stack = traceback.extract_stack(frame)[-80:]
+            for ident, stack in stacks.items():
                 out.write(f"thread {ident}\n")
-                out.writelines(f"  {f.filename}:{f.lineno} {f.name}\n" for f in reversed(stack))
-            if any(f.name == BUSY_LOOP for frame in frames.values() for f in traceback.extract_stack(frame)):
+                out.writelines(f"  {f.filename}:{f.lineno} {f.name}\n" for f in reversed(stack[-80:]))
+            if any(f.name == BUSY_LOOP for stack in stacks.values() for f in stack):
                 out.write("ready\n")
                 return
 

@@ -363,7 +363,7 @@ class VLLMEngine(Engine):
             for key, default in CPU_ENV.items():
                 os.environ.setdefault(key, default)
         elif folder := triton_cache_folder(os.environ):
-            os.environ.setdefault(TRITON_CACHE_ENV, folder)  # inherited by the engine core
+            os.environ[TRITON_CACHE_ENV] = folder  # inherited by the engine core
         args.update(config)
         try:
             engine_args = AsyncEngineArgs(**args)
