@@ -202,12 +202,12 @@ def test_a_group_of_engines_that_cannot_start_beside_another_is_not_planned(log)
     pool.close()
 
 
-def test_vllm_engines_whose_core_runs_in_the_test_process_are_not_planned_side_by_side(monkeypatch):
-    """With VLLM_ENABLE_V1_MULTIPROCESSING=0 every engine core runs in the test process: NVML charges all
-    their memory to that one process, and no engine's reading could be told from its neighbours'."""
+def test_vllm_engines_may_be_planned_side_by_side_in_either_topology(monkeypatch):
+    """AsyncLLM runs its engine core in a process of its own whatever VLLM_ENABLE_V1_MULTIPROCESSING says (that
+    setting picks the executor inside it), so NVML can tell each engine's memory from its neighbours' in both
+    (tests/test_vllm_engine.py checks the process a real engine names)."""
     from pytest_llmperf.engines.vllm import VLLMEngine
 
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    assert not VLLMEngine.starts_beside()
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-    assert VLLMEngine.starts_beside()
+    for multiprocessing in ("0", "1"):
+        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", multiprocessing)
+        assert VLLMEngine.starts_beside()

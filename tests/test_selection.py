@@ -208,14 +208,13 @@ def test_engines_start_side_by_side_with_a_gpu_or_when_asked_and_never_in_an_xdi
     assert not session("on", worker=True).starts_side_by_side
 
 
-def test_a_planned_configuration_that_cannot_be_resolved_is_left_out_for_its_test_to_fail_alone(tmp_path, monkeypatch):
+def test_a_planned_configuration_that_cannot_be_resolved_is_left_out_for_its_test_to_fail_alone(tmp_path):
     """Planning runs at the end of collection: a test's model folder without config.json, or an engine
     that does not import, must fail that test at its setup, not the session."""
     from pytest_llmperf.engines.base import config_key
     from pytest_llmperf.gating import GateConfig
     from pytest_llmperf.session import Session
 
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # engine cores of their own: they may start beside
     state = Session("vllm", "shape:tiny-llama", {}, "cpu", None, GateConfig("off", tmp_path, 0.1, "cpu", "m"),
                     engines={"vllm": "pytest_llmperf.engines.vllm:VLLMEngine", "broken": "no_such_module:Engine"})
     budget = {"num_gpu_blocks_override": 8}

@@ -38,7 +38,7 @@ def test_engines_started_side_by_side_each_record_their_own_paging(pytester, mon
     while they start) and each one's recorder still sees its own engine: the tight one preempts, the
     roomy one does not and holds more blocks than the tight one has. Each test sees the other engine's
     processes beside its own, distinct from them."""
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # vLLM's own topology: a process per engine core
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # vLLM's default topology, the one a GPU user runs
     pytester.makepyfile(test_paging_side_by_side=PAGING_TESTS)
     result = pytester.runpytest_subprocess("--llmperf-side-by-side=on", "--llmperf-baseline=off", "-p", "no:randomly",
                                            timeout=600)

@@ -48,6 +48,10 @@ def test_streams_every_token_and_exposes_its_configuration(vllm_engine, llmperf)
     # the paging recorder rides on the scheduler vLLM would have picked itself
     assert cfg["scheduler"] == ("AsyncScheduler" if cfg["async_scheduling"] else "Scheduler")
     assert vllm_engine.model_path.endswith("tiny-llama")
+    # its engine core a process of its own, named by the recorder, also with VLLM_ENABLE_V1_MULTIPROCESSING=0
+    # (tests/conftest.py): what lets NVML tell engines side by side apart
+    pids = vllm_engine.device_pids()
+    assert pids and os.getpid() not in pids
     # a steady warm-up on a real engine: whole passes until two agree and one more, or the most it tries
     steady = llmperf.run(vllm_engine, MIXED, warmup="steady")
     assert steady.warmup == "steady" and 3 <= steady.warmup_passes <= STEADY_MAX_PASSES + 1 and steady.failed == 0

@@ -285,9 +285,9 @@ class VLLMEngine(Engine):
 
     @classmethod
     def starts_beside(cls) -> bool:
-        # its recorder writes a file per engine; with the engine core in the test process
-        # (VLLM_ENABLE_V1_MULTIPROCESSING=0) every engine's memory is that one process's, which NVML cannot split
-        return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0"
+        # its recorder writes a file per engine and names its engine core, a process of its own under AsyncLLM
+        # whatever VLLM_ENABLE_V1_MULTIPROCESSING says (that setting picks the executor inside the engine core)
+        return True
 
     @classmethod
     def preload(cls) -> None:
