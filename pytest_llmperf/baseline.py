@@ -72,6 +72,28 @@ def gates_timing(gated: frozenset[str] | None) -> bool:
     return gated is None or bool(gated & TIMING)
 
 
+def untimed(gated: frozenset[str] | None, tolerances: Mapping[str, float]) -> frozenset[str]:
+    """What a test's gate (None: the default) gates once its timing cannot be compared: all but timing and
+    capacity (the largest load whose latency limits hold)."""
+    base = GATED_BY_DEFAULT | set(tolerances) | {TIMELINE} if gated is None else gated
+    return frozenset(base - TIMING - {"capacity"})
+
+
+CPU_KEY = "cpu"  # a CPU run's environment names its CPU (cpu.cpu_name)
+
+
+def other_cpu(stored: Mapping[str, Any], env: Mapping[str, Any]) -> str:
+    """Why a CPU run's timing cannot be compared with its baseline's: the baseline was measured on another CPU
+    (or names none: recorded before CPUs were named); "" where both name the same one or this run names
+    none (a GPU run: its hardware class names the card)."""
+    now, before = env.get(CPU_KEY), stored.get(CPU_KEY)
+    if not now or before == now:
+        return ""
+    return (f"timing and capacity reported, not gated: the baseline was measured on {before or 'a CPU it does not name'}"
+            f", this run on {now}, and timing on one CPU says nothing of another's (paging is still gated); "
+            "record this machine's baselines with --llmperf-baseline=update")
+
+
 def gates(metric: str, gated: frozenset[str] | None, tolerances: Mapping[str, float]) -> bool:
     """Whether a comparison fails on `metric`: exactly what a test's `llmperf_gate` names, else the
     defaults and what a tolerance names."""

@@ -9,12 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from . import baseline, calibration, markers, remeasure
 from .baseline import BaselineError, Entry, Verdict, label_of, result_entry
+from .cpu import cpu_name
 from .runner import LLMPerf
 
 # compare: judge against the stored baseline, a missing or stale one is reported; require: as compare,
@@ -72,6 +73,8 @@ def environment(perf: LLMPerf, hardware: str, gpu: Any, model: str | None = None
     env["hardware"] = hardware
     if gpu is not None:
         env.update(gpu_name=gpu.name, driver=gpu.driver, cuda=gpu.cuda)
+    else:
+        env[baseline.CPU_KEY] = cpu_name()
     return env
 
 
@@ -139,9 +142,13 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
     if stored is None:
         return Verdict(baseline.NO_BASELINE, message=_missing(cfg, path),
                        labels={e.label: baseline.NO_BASELINE for e in current})
-    return remeasure.judged_against_baseline(stored, perf, current, {**cfg.tolerances, **tol}, cfg.tolerance,
-                                             cfg.retries, cfg.paging, gated,
-                                             calibration.borrowed(stored, cfg.root, cfg.hardware, cfg.model))
+    tol = {**cfg.tolerances, **tol}
+    elsewhere = baseline.other_cpu(stored.get("environment") or {}, env)
+    if elsewhere:
+        gated = baseline.untimed(gated, tol)
+    verdict = remeasure.judged_against_baseline(stored, perf, current, tol, cfg.tolerance, cfg.retries, cfg.paging,
+                                                gated, calibration.borrowed(stored, cfg.root, cfg.hardware, cfg.model))
+    return replace(verdict, message=_joined(elsewhere, verdict.message)) if elsewhere else verdict
 
 
 def _recorded(perf: LLMPerf, current: Sequence[Entry], retries: int) -> list[Entry]:

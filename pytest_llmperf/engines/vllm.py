@@ -42,6 +42,7 @@ from collections import defaultdict
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, NamedTuple
 
+from ..cpu import native_bf16
 from ..formatting import closest
 from ..models import ModelSpec
 from ..trace import Chunk, EngineTimes, KVSample, RunTrace, SequenceTrace, ServerTimes
@@ -69,6 +70,20 @@ STREAM_OPTION = "llmperf_stream"  # ours, not vLLM's: "clock" (default) or "delt
 DEFAULTS_OPTION = "llmperf_defaults"
 USAGE_CONTEXTS = {"serve": "OPENAI_API_SERVER", "llm": "LLM_CLASS"}
 OWN_OPTIONS = frozenset({STREAM_OPTION, DEFAULTS_OPTION})  # never handed to vLLM
+
+
+def cpu_dtype() -> str:
+    """A CPU engine's dtype: bf16 where the CPU computes in it natively, else float32 (an AVX2 CPU emulates
+    bf16: vLLM's tiny-shape throughput at concurrency 16 was 262 tok/s in bf16 against 957 in float32 on an
+    AVX2 EPYC, docs/performance.md)."""
+    return "bfloat16" if native_bf16() else "float32"
+
+
+def cpu_env(dtype: str) -> dict[str, str]:
+    """`CPU_ENV` for engines of `dtype`: the KV space scaled with its bytes per value, so that the pool holds
+    as many blocks in float32 as in bf16 (KV usage is a share of the pool's blocks: paging compares alike)."""
+    space = int(CPU_KV_SPACE_GIB) * (2 if dtype == "float32" else 1)
+    return {**CPU_ENV, "VLLM_CPU_KVCACHE_SPACE": str(space)}
 
 
 # how often a waiting call looks at the engine core's health, and how long requests of a core that
@@ -359,8 +374,9 @@ class VLLMEngine(Engine):
             args["load_format"] = "dummy"
             args["max_model_len"] = min(self.model.max_position_embeddings or 4096, 4096)
         if self._cpu:
-            args.update(block_size=32, dtype="bfloat16")  # the CPU attention takes multiples of 32 only
-            for key, default in CPU_ENV.items():
+            dtype = cpu_dtype()
+            args.update(block_size=32, dtype=dtype)  # the CPU attention takes block sizes in multiples of 32 only
+            for key, default in cpu_env(dtype).items():
                 os.environ.setdefault(key, default)
         elif folder := triton_cache_folder(os.environ):
             os.environ[TRITON_CACHE_ENV] = folder  # inherited by the engine core
