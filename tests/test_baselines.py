@@ -798,3 +798,55 @@ def test_the_selection_says_how_many_of_its_tests_have_a_baseline_before_any_eng
     for quiet in (pytester.runpytest_inprocess(*opts, "--llmperf-baseline=update"),
                   pytester.runpytest_inprocess(*opts, "-k", "test_plain")):
         assert "selected tests that measure" not in quiet.stdout.str()
+
+
+def test_timing_measured_on_another_cpu_is_reported_and_paging_still_gates():
+    """A CPU run names its CPU; against a baseline of another CPU (or one that names none) timing and capacity
+    are reported, not gated, whatever a test's gate or tolerances say, and paging still compares exactly. A GPU
+    run (no `cpu` in its environment: its hardware class names the card) is left as it was."""
+    here = {"hardware": "cpu", "cpu": "AMD EPYC (AVX2)"}
+    assert baseline.other_cpu(here, here) == ""
+    assert baseline.other_cpu({"hardware": "h200"}, {"hardware": "h200", "gpu_name": "H200"}) == ""
+    why = baseline.other_cpu({"cpu": "Intel Xeon (AMX)"}, here)
+    assert "measured on Intel Xeon (AMX), this run on AMD EPYC (AVX2)" in why and "--llmperf-baseline=update" in why
+    assert "a CPU it does not name" in baseline.other_cpu({"hardware": "cpu"}, here)
+    old = entry([{"kv_blocks_peak": 412, "output_tokens_per_s": 100.0, "p50_ttft_ms": 50.0}])
+    slow = entry([{"kv_blocks_peak": 412, "output_tokens_per_s": 10.0, "p50_ttft_ms": 500.0}])
+    untimed = baseline.untimed(None, {"p99_ttft_ms": 0.1})
+    assert "capacity" not in untimed and not untimed & baseline.TIMING and baseline.TIMELINE in untimed
+    assert untimed >= baseline.PAGING and "gpu_memory_peak_gib" in untimed
+    passed = baseline.compare(stored(old), [slow], {"p99_ttft_ms": 0.1}, gated=untimed)
+    assert passed.status == "pass" and {r.metric: r.verdict for r in passed.rows}["output_tokens_per_s"] == "reported"
+    moved = entry([{"kv_blocks_peak": 413, "output_tokens_per_s": 10.0, "p50_ttft_ms": 500.0}])
+    paged = baseline.compare(stored(old), [moved], gated=untimed)
+    assert paged.status == "regression" and [r.metric for r in paged.regressions] == ["kv_blocks_peak"]
+    # a test's own gate loses its timing metrics only
+    assert baseline.untimed(baseline.gated_metrics(["timing", "paging"]), {}) == baseline.GATE_GROUPS["paging"]
+
+
+def test_a_baseline_of_another_cpu_gates_no_timing_end_to_end(pytester):
+    """The same planted baseline as above (a thousand times today's throughput), recorded on a CPU this machine
+    is not: the test passes, its timing rows reported, the note says which CPUs and what to do; results.json
+    names this machine's CPU."""
+    args = ["--llmperf-engine=hf", "-p", "no:randomly", "--llmperf-retries=0"]
+    pytester.makepyfile(test_g=GATE_MARKED.replace("MARK", ""))
+    pytester.runpytest_inprocess(*args, "--llmperf-baseline=update").assert_outcomes(passed=1)
+    (path,) = (pytester.path / "baselines").rglob("*.json")
+    doc = json.loads(path.read_text())
+    mine = doc["environment"]["cpu"]
+    assert mine
+    for e in doc["entries"]:
+        for values in (e["metrics"], *e["per_repeat"], *e.get("pass_metrics", [])):
+            values.update({k: v * 1000 if k == "output_tokens_per_s" else v / 1000 if k.endswith("_ms") and v else v
+                           for k, v in values.items()})
+    doc["environment"]["cpu"] = "Some Other CPU (AMX)"
+    path.write_text(json.dumps(doc))
+    result = pytester.runpytest_inprocess(*args, "--llmperf-baseline=require", f"--llmperf-report={pytester.path / 'r'}",
+                                          "-rA")
+    result.assert_outcomes(passed=1)
+    out = result.stdout.str()
+    assert f"the baseline was measured on Some Other CPU (AMX), this run on {mine}" in out
+    (record,) = json.loads((pytester.path / "r" / "results.json").read_text())["tests"]
+    assert record["environment"]["cpu"] == mine
+    verdicts = {r["metric"]: r["verdict"] for r in record["baseline_rows"]}
+    assert verdicts["output_tokens_per_s"] == "reported" and verdicts["p50_ttft_ms"] == "reported"
