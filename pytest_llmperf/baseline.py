@@ -597,10 +597,12 @@ def compare_results(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: f
             out.append(f"{test['test']}: new test, nothing to compare")
             continue
         stored = {"entries": prior["results"], "environment": prior.get("environment")}
-        verdict = compare(stored, [Entry.from_dict(r) for r in test["results"]], tolerances, tolerance,
-                          gated=recorded_gate(test))
+        elsewhere = other_cpu(prior.get("environment") or {}, test.get("environment") or {})
+        gated = untimed(recorded_gate(test), tolerances or {}) if elsewhere else recorded_gate(test)
+        verdict = compare(stored, [Entry.from_dict(r) for r in test["results"]], tolerances, tolerance, gated=gated)
         regressed |= verdict.status == "regression"
-        out.append(f"{test['test']}: {verdict.status}{' - ' + verdict.message if verdict.message else ''}")
+        message = "; ".join(m for m in (elsewhere, verdict.message) if m)
+        out.append(f"{test['test']}: {verdict.status}{' - ' + message if message else ''}")
         if any(_shown(r) for r in verdict.rows):
             out.append(format_table(verdict))
         if verdict.status == "regression":  # what changed around it, as the gate's own failure says

@@ -112,6 +112,15 @@ def test_compare_cli_applies_the_baseline_rules(pytester):
     worse = compare(changed)
     assert worse.returncode == 1 and "paging changed: kv_blocks_peak" in worse.stdout
     assert "changed since the baseline: engine_version: " in worse.stdout and " -> 9.9.9" in worse.stdout
+    # a report from another CPU: timing reported, paging still judged (docs/baselines.md)
+    moved = json.loads(old.read_text())
+    moved["tests"][0]["environment"]["cpu"] = "Some Other CPU (AMX)"
+    for values in (moved["tests"][0]["results"][0]["metrics"], *moved["tests"][0]["results"][0]["per_repeat"]):
+        values["output_tokens_per_s"] = values["output_tokens_per_s"] / 1000
+    elsewhere = compare(moved)
+    assert elsewhere.returncode == 0 and "timing and capacity reported, not gated" in elsewhere.stdout
+    moved["tests"][0]["results"][0]["metrics"]["kv_blocks_peak"] += 24
+    assert "paging changed: kv_blocks_peak" in compare(moved).stdout
     gone = compare({**changed, "tests": []})  # a test the new run no longer has is named, not passed over
     assert gone.returncode == 0 and "test_r.py::test_chat: in the old report only, not compared" in gone.stdout
     # a tolerance given for a paging metric compares it with that tolerance instead of exactly
