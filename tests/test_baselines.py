@@ -715,6 +715,7 @@ def test_the_environment_comes_from_every_run_and_a_change_is_named_down_to_the_
     baseline file; two give one per result, and the failure text names the setting that changed."""
     from fake_engine import WORKLOAD, FakeWarmingEngine
 
+    from pytest_llmperf.cpu import cpu_name
     from pytest_llmperf.gating import environment, failure_text
     from pytest_llmperf.runner import LLMPerf
 
@@ -730,7 +731,8 @@ def test_the_environment_comes_from_every_run_and_a_change_is_named_down_to_the_
     one = LLMPerf()
     one.run(Configured(max_num_seqs=8), WORKLOAD, warmup=False, label="a")
     one.run(Configured(max_num_seqs=8), WORKLOAD, warmup=False, label="b")
-    assert environment(one, "cpu", None) == {"engine": "fake", "engine_version": "0",
+    # without a GPU the environment names the CPU (timing is gated only against a baseline of the same one)
+    assert environment(one, "cpu", None) == {"engine": "fake", "engine_version": "0", "cpu": cpu_name(),
                                              "engine_config": {"max_num_seqs": 8}, "hardware": "cpu"}
     two = LLMPerf()
     two.run(Configured(max_num_seqs=8), WORKLOAD, warmup=False, label="a")
