@@ -274,6 +274,7 @@ class Verdict:
     labels: Mapping[str, str] = field(default_factory=dict)  # label -> COMPARED_LABEL or one of UNCOMPARED
     # label -> (baseline's, current) step timeline of each deterministic result whose timeline moved
     timelines: Mapping[str, tuple[Mapping[str, Any], Mapping[str, Any]]] = field(default_factory=dict)
+    untimed: bool = False  # timing reported, not gated: the baseline was measured on another CPU (other_cpu)
 
     @property
     def regressions(self) -> tuple[Row, ...]:

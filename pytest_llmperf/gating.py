@@ -148,7 +148,7 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
         gated = baseline.untimed(gated, tol)
     verdict = remeasure.judged_against_baseline(stored, perf, current, tol, cfg.tolerance, cfg.retries, cfg.paging,
                                                 gated, calibration.borrowed(stored, cfg.root, cfg.hardware, cfg.model))
-    return replace(verdict, message=_joined(elsewhere, verdict.message)) if elsewhere else verdict
+    return replace(verdict, message=_joined(elsewhere, verdict.message), untimed=True) if elsewhere else verdict
 
 
 def _recorded(perf: LLMPerf, current: Sequence[Entry], retries: int) -> list[Entry]:

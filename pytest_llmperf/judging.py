@@ -203,6 +203,7 @@ def record(item: pytest.Item, perf: LLMPerf, outcome: str, judgement: Judgement)
                      gating.environment(perf, state.hardware, state.gpu, state.model_spec), [s.summary() for s in perf.sweeps])
     gated = gate_option(item)
     rec.gated = sorted(gated) if gated is not None else None
+    rec.untimed = verdict is not None and verdict.untimed
     rec.limits = assertions.margins(item.stash.get(LIMITS, []), [r for r in perf.results if r.label not in perf.sweep_labels],
                                     perf.sweeps)
     if state.report_dir is not None:  # drawn when the session's tests are done (draw_pictures)

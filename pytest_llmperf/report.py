@@ -38,6 +38,7 @@ class TestRecord:
     plots: list[str] = field(default_factory=list)  # PNG paths, relative to the report folder
     limits: list[dict[str, Any]] = field(default_factory=list)  # each limit's value and margin (assertions.margins)
     gated: list[str] | None = None  # what the test's llmperf_gate marker gates; None: the default
+    untimed: bool = False  # its timing reported, not gated: its baseline was measured on another CPU
 
 
 def result_record(entry: Entry, summary: Mapping[str, Any], workload: Mapping[str, Any]) -> dict[str, Any]:
@@ -129,6 +130,9 @@ def baseline_counts(records: Sequence[TestRecord]) -> str:
     better = sum(row["verdict"] in ("improvement", "changed") for row in rows)
     unfailable = sum(row["verdict"] == "not-gated" and row["reason"].startswith(baseline.UNFAILABLE) for row in rows)
     few = sum(row["verdict"] == "not-gated" for row in rows) - unfailable
+    untimed = sum(r.untimed for r in judged)
+    if untimed:
+        parts.append(f"{untimed} with timing reported, not gated (a baseline of another CPU, or one naming none)")
     tests = len(judged) + before
     return (f"baselines: {tests} test{'s' if tests != 1 else ''}: " + ", ".join(parts)
             + f"; {worse} metric{'s' if worse != 1 else ''} regressed or changed, {better} improved"

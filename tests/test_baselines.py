@@ -848,6 +848,7 @@ def test_a_baseline_of_another_cpu_gates_no_timing_end_to_end(pytester):
     result.assert_outcomes(passed=1)
     out = result.stdout.str()
     assert f"the baseline was measured on Some Other CPU (AMX), this run on {mine}" in out
+    assert "1 with timing reported, not gated (a baseline of another CPU, or one naming none)" in out
     (record,) = json.loads((pytester.path / "r" / "results.json").read_text())["tests"]
     assert record["environment"]["cpu"] == mine
     verdicts = {r["metric"]: r["verdict"] for r in record["baseline_rows"]}
