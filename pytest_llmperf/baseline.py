@@ -94,6 +94,14 @@ def other_cpu(stored: Mapping[str, Any], env: Mapping[str, Any]) -> str:
             "record this machine's baselines with --llmperf-baseline=update")
 
 
+def cpu_gate(stored: Mapping[str, Any], env: Mapping[str, Any], gated: frozenset[str] | None,
+             tolerances: Mapping[str, float]) -> tuple[frozenset[str] | None, str]:
+    """(what a comparison gates, the note that says why timing is not) for a baseline's environment against a
+    run's: the gate unchanged and "" on the same CPU, else `untimed` and `other_cpu`'s note."""
+    elsewhere = other_cpu(stored, env)
+    return (untimed(gated, tolerances), elsewhere) if elsewhere else (gated, "")
+
+
 def gates(metric: str, gated: frozenset[str] | None, tolerances: Mapping[str, float]) -> bool:
     """Whether a comparison fails on `metric`: exactly what a test's `llmperf_gate` names, else the
     defaults and what a tolerance names."""
@@ -598,8 +606,8 @@ def compare_results(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: f
             out.append(f"{test['test']}: new test, nothing to compare")
             continue
         stored = {"entries": prior["results"], "environment": prior.get("environment")}
-        elsewhere = other_cpu(prior.get("environment") or {}, test.get("environment") or {})
-        gated = untimed(recorded_gate(test), tolerances or {}) if elsewhere else recorded_gate(test)
+        gated, elsewhere = cpu_gate(prior.get("environment") or {}, test.get("environment") or {},
+                                    recorded_gate(test), tolerances or {})
         verdict = compare(stored, [Entry.from_dict(r) for r in test["results"]], tolerances, tolerance, gated=gated)
         regressed |= verdict.status == "regression"
         message = "; ".join(m for m in (elsewhere, verdict.message) if m)

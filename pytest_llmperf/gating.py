@@ -143,9 +143,7 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
         return Verdict(baseline.NO_BASELINE, message=_missing(cfg, path),
                        labels={e.label: baseline.NO_BASELINE for e in current})
     tol = {**cfg.tolerances, **tol}
-    elsewhere = baseline.other_cpu(stored.get("environment") or {}, env)
-    if elsewhere:
-        gated = baseline.untimed(gated, tol)
+    gated, elsewhere = baseline.cpu_gate(stored.get("environment") or {}, env, gated, tol)
     verdict = remeasure.judged_against_baseline(stored, perf, current, tol, cfg.tolerance, cfg.retries, cfg.paging,
                                                 gated, calibration.borrowed(stored, cfg.root, cfg.hardware, cfg.model))
     return replace(verdict, message=_joined(elsewhere, verdict.message), untimed=True) if elsewhere else verdict
