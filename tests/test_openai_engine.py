@@ -409,7 +409,7 @@ def test_kv_usage_of_a_short_poisson_run_is_measured_run_after_run(served, opena
     """A real `vllm serve`: 24 Poisson requests (about 2 s) left KV usage unmeasured in 4 of 8 runs while
     vLLM pinned its worker to one of the two cores and kept the other for its engine core: the API server
     answered /metrics only between bursts of work. The fixture's server runs unpinned on a CPU build
-    (`vllm_server.SERVER_CPU_ENV`), and the scrapes see requests in flight run after run.
+    (`vllm_server.SERVER_CPU_BIND`), and the scrapes see requests in flight run after run.
 
     Beside another pytest-xdist worker's engine on the same 2 cores, the API server can still be starved
     for seconds: it answered the scrapes of a run 0.22-0.41 s late (median) and its running-requests gauge
@@ -448,15 +448,32 @@ def test_the_environment_vllm_serve_gets_on_a_cpu_and_on_a_gpu():
     """Plugin mechanics: the environment `vllm serve` gets (no server started)."""
     from pytest_llmperf.engines.vllm_server import server_env
 
-    cpu = server_env(True, {"PATH": "/bin"})
+    cpu = server_env({"PATH": "/bin"}, "bfloat16")
     assert cpu["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and cpu["VLLM_USE_AOT_COMPILE"] == "0"
     assert cpu["PATH"] == "/bin" and cpu["VLLM_NO_USAGE_STATS"] == "1"
-    assert server_env(True, {"VLLM_CPU_OMP_THREADS_BIND": "0-1"})["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
-    assert "VLLM_CPU_OMP_THREADS_BIND" not in server_env(False, {})  # a GPU build binds nothing
+    assert server_env({"VLLM_CPU_OMP_THREADS_BIND": "0-1"}, "bfloat16")["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in server_env({}, None)  # a GPU build binds nothing
     # a GPU server keeps Triton's kernels with vLLM's compile cache, as an in-process engine does; the CPU's has no Triton
-    assert server_env(False, {"VLLM_CACHE_ROOT": "/c"})["TRITON_CACHE_DIR"] == "/c/triton"
-    assert server_env(False, {"TRITON_CACHE_DIR": "/mine"})["TRITON_CACHE_DIR"] == "/mine"
+    assert server_env({"VLLM_CACHE_ROOT": "/c"}, None)["TRITON_CACHE_DIR"] == "/c/triton"
+    assert server_env({"TRITON_CACHE_DIR": "/mine"}, None)["TRITON_CACHE_DIR"] == "/mine"
     assert "TRITON_CACHE_DIR" not in cpu
+    # a float32 server (a CPU without native bf16) gets twice the KV space, so its pool keeps as many blocks
+    assert int(server_env({}, "float32")["VLLM_CPU_KVCACHE_SPACE"]) == 2 * int(cpu["VLLM_CPU_KVCACHE_SPACE"])
+
+
+def test_vllm_serve_on_a_cpu_takes_the_dtype_the_in_process_engine_takes(tmp_path):
+    """Plugin mechanics: the command line `vllm serve` gets (no server started): on a CPU, bf16 only where the
+    CPU computes in it, as the in-process engine (an AVX2 CPU emulates bf16, docs/performance.md)."""
+    from pytest_llmperf.engines.vllm import cpu_dtype
+    from pytest_llmperf.engines.vllm_server import serve_command
+    from pytest_llmperf.models import resolve_model
+
+    model = resolve_model("shape:tiny-llama", str(tmp_path))
+    command = serve_command(model, {}, cpu_dtype(), 8000)
+    assert command[command.index("--dtype") + 1] == cpu_dtype()
+    mine = serve_command(model, {"dtype": "float32"}, "float32", 8000)
+    assert mine[mine.index("--dtype") + 1] == "float32" and mine.count("--dtype") == 1
+    assert "--dtype" not in serve_command(model, {}, None, 8000)  # a GPU takes the model's
 
 
 def test_the_http_path_against_the_in_process_engine(served, openai_engine_factory, vllm_engine_factory, llmperf):

@@ -374,7 +374,7 @@ class VLLMEngine(Engine):
             args["load_format"] = "dummy"
             args["max_model_len"] = min(self.model.max_position_embeddings or 4096, 4096)
         if self._cpu:
-            dtype = cpu_dtype()
+            dtype = str(config.get("dtype") or cpu_dtype())  # the KV space follows the dtype the engine takes
             args.update(block_size=32, dtype=dtype)  # the CPU attention takes block sizes in multiples of 32 only
             for key, default in cpu_env(dtype).items():
                 os.environ.setdefault(key, default)

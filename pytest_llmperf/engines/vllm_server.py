@@ -16,7 +16,7 @@ from typing import Any
 from ..models import ModelSpec
 from .base import need
 from .local_server import LocalServer, flags
-from .vllm import CPU_ENV, TRITON_CACHE_ENV, own_socket_folder, triton_cache_folder
+from .vllm import TRITON_CACHE_ENV, cpu_dtype, cpu_env, own_socket_folder, triton_cache_folder
 
 CPU_DEFAULTS = {"block_size": 32}
 # On a CPU build vLLM pins its worker's OpenMP threads to the cores it finds and keeps one more for the
@@ -25,17 +25,30 @@ CPU_DEFAULTS = {"block_size": 32}
 # server then answered /metrics only between bursts of the engine's work, every chunk of a request
 # reached the client at one instant, and a 24-request Poisson run left KV usage unmeasured in 4 of 8 runs;
 # unpinned, the cores are shared and usage was measured in 8 of 8. The environment can still set it.
-SERVER_CPU_ENV = {**CPU_ENV, "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+SERVER_CPU_BIND = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
-def server_env(cpu: bool, environ: Mapping[str, str]) -> dict[str, str]:
-    """The server's environment: `environ` over the CPU build's defaults (`SERVER_CPU_ENV`), no usage stats; on a
-    GPU, Triton's kernels kept in vLLM's cache root as an in-process engine keeps them (`triton_cache_folder`)."""
-    env = {**SERVER_CPU_ENV, **environ} if cpu else dict(environ)
+def server_env(environ: Mapping[str, str], dtype_on_cpu: str | None) -> dict[str, str]:
+    """The server's environment: `environ` over, on a CPU build, its defaults for engines of that dtype
+    (`cpu_env`, the threads unpinned), no usage stats; on a GPU (`dtype_on_cpu` None), Triton's kernels kept in
+    vLLM's cache root as an in-process engine keeps them (`triton_cache_folder`)."""
+    env = {**cpu_env(dtype_on_cpu), **SERVER_CPU_BIND, **environ} if dtype_on_cpu else dict(environ)
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
-    if not cpu and (folder := triton_cache_folder(env)):
+    if not dtype_on_cpu and (folder := triton_cache_folder(env)):
         env[TRITON_CACHE_ENV] = folder
     return env
+
+
+def serve_command(model: ModelSpec, options: dict[str, Any], dtype_on_cpu: str | None, port: int) -> list[str]:
+    """`vllm serve`'s command line; `dtype_on_cpu` names a CPU build's dtype (None: a GPU takes the model's)."""
+    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model.path,
+            "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log"]
+    # on a CPU, the in-process engine's dtype (bf16 only where the CPU computes in it), not the model's
+    defaults: dict[str, Any] = {**CPU_DEFAULTS, "dtype": dtype_on_cpu} if dtype_on_cpu else {}
+    if model.is_shape:
+        args += ["--load-format", "dummy"]
+        defaults["max_model_len"] = min(model.max_position_embeddings or 4096, 4096)
+    return args + flags({**defaults, **options})
 
 
 class VLLMServer(LocalServer):
@@ -45,21 +58,16 @@ class VLLMServer(LocalServer):
 
     def __init__(self, model: ModelSpec, options: dict[str, Any], log_dir: Path, cpu: bool,
                  startup_timeout_s: float = 300.0) -> None:
-        self.model, self._options, self._cpu = model, options, cpu
+        self.model, self._options = model, options
+        self._dtype = str(options.get("dtype") or cpu_dtype()) if cpu else None
         super().__init__(log_dir, startup_timeout_s)
 
     def _command(self, port: int) -> list[str]:
-        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model.path,
-                "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log"]
-        defaults: dict[str, Any] = dict(CPU_DEFAULTS) if self._cpu else {}
-        if self.model.is_shape:
-            args += ["--load-format", "dummy"]
-            defaults["max_model_len"] = min(self.model.max_position_embeddings or 4096, 4096)
-        return args + flags({**defaults, **self._options})
+        return serve_command(self.model, self._options, self._dtype, port)
 
     def _env(self) -> dict[str, str]:
         own_socket_folder()
-        return server_env(self._cpu, os.environ)
+        return server_env(os.environ, self._dtype)
 
     def down_reason(self) -> str | None:
         """Why this server cannot serve the next test, or None. An engine core that died (the OOM
