@@ -20,10 +20,8 @@ while :; do
 done
 mkdir -p "$OUT/kept"
 for label in $(cd /tmp/stacks && ls); do
-  # the longest engine start: the stack file with the most samples
-  longest=$(grep -cH "^@ " /tmp/stacks/"$label"/stacks-*.txt | sort -t: -k2 -n | tail -1 | cut -d: -f1)
   echo "== $label: $(grep -h "^time to verdict" "$OUT/$label.log" | tail -1)"
-  [ -n "$longest" ] && python3 "$here/summary.py" "$longest" | tail -14
+  python3 "$here/summary.py" --longest "/tmp/stacks/$label" | tail -14  # where the longest engine start went
   cp -r "/tmp/stacks/$label" "$OUT/kept/stacks-$label"
   # the report cut to what a comparison and a calibration read (benchmarks/keep_run.py), the summary and the log
   [ -f "$OUT/$label/results.json" ] && python3 benchmarks/keep_run.py "$OUT/$label/results.json" "$OUT/kept/$label.json" \

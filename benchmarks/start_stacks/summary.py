@@ -1,8 +1,11 @@
 """Where an engine process's start went, from sitecustomize.py's samples: one line per sample, the working
 thread's vLLM phase, its innermost frame and its innermost vLLM frame; then the samples counted by phase.
-`python summary.py DIR/stacks-PID.txt [...]`"""
+`python summary.py DIR/stacks-PID.txt [...]`; `python summary.py --longest DIR` for the file of DIR with the most
+samples (the longest start sampled there), or nothing where DIR holds none."""
 
 import collections
+import glob
+import os
 import sys
 
 
@@ -44,6 +47,12 @@ def short(frame: str) -> str:
     return f"{path.split('site-packages/')[-1]}:{lineno} {name}"
 
 
+def longest(folder: str) -> list[str]:
+    """The stacks file of `folder` with the most samples, as a list of at most one path."""
+    files = glob.glob(os.path.join(folder, "stacks-*.txt"))
+    return [max(files, key=lambda f: len(samples(f)))] if files else []
+
+
 def main(paths: list[str]) -> None:
     for path in paths:
         print(f"== {path}")
@@ -58,4 +67,4 @@ def main(paths: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(longest(sys.argv[2]) if sys.argv[1:2] == ["--longest"] else sys.argv[1:])

@@ -3,7 +3,8 @@
 # then a second in a new process that finds the first's vLLM compile cache (the first warm start after a
 # compile), each engine core's start sampled (sitecustomize.py). `benchmarks/start_stacks/two-starts.sh` on the
 # lent GPU, `.gpukit` carried; MODEL=shape:... for another model. Prints each start's and stop's seconds, where
-# the second start went (summary.py), its samples in vLLM's `warmup_kernels`, and the folders Triton wrote.
+# the second start went (summary.py: its samples by phase, vLLM's `warmup_kernels` among them), and the
+# folders Triton wrote.
 set -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source .gpukit/env.sh || exit 9
@@ -23,8 +24,7 @@ print(f"RESULT start {t1 - t0:.1f} s, stop {time.monotonic() - t1:.1f} s")
 PY
   echo "start $k: $(grep RESULT "/tmp/start$k.log" || tail -5 "/tmp/start$k.log")"
 done
-longest=$(grep -cH "^@ " /tmp/stacks/start2/stacks-*.txt 2> /dev/null | sort -t: -k2 -n | tail -1 | cut -d: -f1)
-[ -n "$longest" ] && python3 "$here/summary.py" "$longest" | tail -14 && echo "stack lines naming warmup_kernels: $(grep -c warmup_kernels "$longest")"
+python3 "$here/summary.py" --longest /tmp/stacks/start2 | tail -14
 echo "Triton folders:"; find "$VLLM_CACHE_ROOT" ~/.triton -maxdepth 3 -type d 2> /dev/null | grep -i triton | head
 find "$VLLM_CACHE_ROOT" ~/.triton -path "*triton*" -iname "*top*.json" 2> /dev/null | sed "s|^|  kernel: |"
 for k in 1 2; do echo "start $k, vLLM's own timings:"; grep -E "took|graph capturing finished" "/tmp/start$k.log" | sed 's/^.*\] /  /' | tail -6; done

@@ -72,10 +72,12 @@ USAGE_CONTEXTS = {"serve": "OPENAI_API_SERVER", "llm": "LLM_CLASS"}
 OWN_OPTIONS = frozenset({STREAM_OPTION, DEFAULTS_OPTION})  # never handed to vLLM
 
 
-def cpu_dtype() -> str:
-    """A CPU engine's dtype: bf16 where the CPU computes in it natively, else float32 (an AVX2 CPU emulates
-    bf16: vLLM's tiny-shape throughput at concurrency 16 was 262 tok/s in bf16 against 957 in float32 on an
-    AVX2 EPYC, docs/performance.md)."""
+def cpu_dtype(options: Mapping[str, Any] | None = None) -> str:
+    """A CPU engine's dtype: the one its options name, else bf16 where the CPU computes in it natively, else
+    float32 (an AVX2 CPU emulates bf16: vLLM's tiny-shape throughput at concurrency 16 was 262 tok/s in bf16
+    against 957 in float32 on an AVX2 EPYC, docs/performance.md)."""
+    if options and options.get("dtype"):
+        return str(options["dtype"])
     return "bfloat16" if native_bf16() else "float32"
 
 
@@ -374,7 +376,7 @@ class VLLMEngine(Engine):
             args["load_format"] = "dummy"
             args["max_model_len"] = min(self.model.max_position_embeddings or 4096, 4096)
         if self._cpu:
-            dtype = str(config.get("dtype") or cpu_dtype())  # the KV space follows the dtype the engine takes
+            dtype = cpu_dtype(config)  # the KV space follows the dtype the engine takes
             args.update(block_size=32, dtype=dtype)  # the CPU attention takes block sizes in multiples of 32 only
             for key, default in cpu_env(dtype).items():
                 os.environ.setdefault(key, default)

@@ -59,7 +59,7 @@ class VLLMServer(LocalServer):
     def __init__(self, model: ModelSpec, options: dict[str, Any], log_dir: Path, cpu: bool,
                  startup_timeout_s: float = 300.0) -> None:
         self.model, self._options = model, options
-        self._dtype = str(options.get("dtype") or cpu_dtype()) if cpu else None
+        self._dtype = cpu_dtype(options) if cpu else None
         super().__init__(log_dir, startup_timeout_s)
 
     def _command(self, port: int) -> list[str]:
