@@ -41,6 +41,7 @@ from _emit import emit
 
 from pytest_llmperf import baseline as bl
 from pytest_llmperf import calibration
+from pytest_llmperf.formatting import change
 from pytest_llmperf.report import load
 
 
@@ -60,7 +61,7 @@ def failing(root: Path, run: dict[str, Any], only: str | None = None) -> list[st
         verdict = bl.compare(stored, [bl.Entry.from_dict(r) for r in test["results"]], per_metric, default,
                              gated=bl.recorded_gate(test),
                              borrowed=calibration.borrowed(stored, root, session["hardware"], session["model"]))
-        out += [f"{test['test'].split('::')[-1]} {r.label} {r.metric} {r.change:+.1%}/{r.allowed:.1%}"
+        out += [f"{test['test'].split('::')[-1]} {r.label} {r.metric} {change(r.change)}/{r.allowed:.1%}"
                 for r in verdict.regressions]
     return out
 

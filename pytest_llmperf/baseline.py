@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from . import paging_timeline, quantiles, stats
-from .formatting import apart, change, pair
+from .formatting import apart, change, number, pair
 
 SCHEMA = 1
 DEFAULT_TOLERANCE = 0.10
@@ -253,7 +253,7 @@ class Row:
     label: str
     metric: str
     baseline: float
-    current: float
+    current: float | None  # None: this run measured none (a gated metric's row then fails: `_unmeasured`)
     allowed: float  # relative tolerance applied
     # "ok", "regression", "improvement", "changed" (deterministic paging moved the better way: fails too),
     # "reported" (not gated by default, or paging under timed arrivals: shown, fails only where a test
@@ -265,7 +265,9 @@ class Row:
     passes: int = 1  # passes behind `current`: above 1, it is the best value any of them reached
 
     @property
-    def change(self) -> float:
+    def change(self) -> float | None:
+        if self.current is None:
+            return None
         return (self.current - self.baseline) / abs(self.baseline) if self.baseline else math.inf * (self.current != 0)
 
 
@@ -462,7 +464,10 @@ def _compare_entry(old: Entry, cur: Entry, tolerances: Mapping[str, float], defa
     deterministic = old.deterministic and cur.deterministic
     for metric, higher_better in COMPARED.items():
         b, c = old.metrics.get(metric), cur.metrics.get(metric)
-        if b is None or c is None:
+        if b is None:
+            continue  # the baseline holds nothing to compare with
+        if c is None:
+            rows.extend(_unmeasured(cur, metric, _round(b), deterministic, tolerances, default, gated))
             continue
         b, c = _round(b), _round(c)  # both as stored, so an unchanged run compares equal
         rows.append(_row(old, cur, metric, b, c, higher_better, deterministic, tolerances, default, gated, borrowed))
@@ -481,6 +486,23 @@ def _timeline_rows(old: Entry, cur: Entry, paging: str) -> list[Row]:
     reason = paging_timeline.first_divergence(a, b) or ""
     verdict = "changed" if paging == "strict" else "reported"
     return [Row(cur.label, TIMELINE, float(len(a.steps)), float(len(b.steps)), 0.0, verdict, reason, exact=True)]
+
+
+def _unmeasured(cur: Entry, metric: str, b: float, deterministic: bool, tolerances: Mapping[str, float],
+                default: float, gated: frozenset[str] | None) -> list[Row]:
+    """A metric the baseline holds and this run measured none of: a gated one fails (a check of nothing never
+    passes: a sweep whose every load broke its limits has no capacity, a card NVML could not read no memory
+    peak); one that is only reported is left out, as where both hold none."""
+    exact = metric in PAGING and metric not in tolerances
+    if not gates(metric, gated, tolerances) or (exact and not deterministic):
+        return []
+    if metric == "capacity":
+        reason = f"no load held the latency limits this run (the baseline's capacity {number(b)})"
+    else:
+        reason = (f"not measured this run (the baseline holds {number(b)}): a gated metric with no value cannot pass; "
+                  "the test's output says why it is missing")
+    return [Row(cur.label, metric, b, None, 0.0 if exact else tolerances.get(metric, default), "regression", reason,
+                exact, cur.passes)]
 
 
 def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better: bool, deterministic: bool,

@@ -19,8 +19,8 @@ def number(x: float) -> str:
 
 def apart(old: Any, new: Any, write: Callable[[Any], str] = number) -> tuple[str, str]:
     """Two values as `write` writes them, with more digits where it would print two different values alike
-    (an exact paging metric that moved in its fifth digit)."""
-    a, b = write(old), write(new)
+    (an exact paging metric that moved in its fifth digit); a value not measured (None) as "-"."""
+    a, b = (write(v) if v is not None else "-" for v in (old, new))
     if a == b and old != new and isinstance(old, float | int) and isinstance(new, float | int):
         a, b = f"{old:.6g}", f"{new:.6g}"
     return a, b
@@ -42,8 +42,11 @@ def closest(given: Iterable[str], taken: Collection[str]) -> list[tuple[str, str
     return out
 
 
-def change(fraction: float) -> str:
-    """A relative change (`+12.3%`); one under a twentieth of a percent with the digits that show it is not 0."""
+def change(fraction: float | None) -> str:
+    """A relative change (`+12.3%`); one under a twentieth of a percent with the digits that show it is not 0;
+    none (a value not measured) as "-"."""
+    if fraction is None:
+        return "-"
     text = f"{fraction:+.1%}"
     if fraction != 0 and float(text[:-1]) == 0:
         text = f"{fraction * 100:+.2g}%"

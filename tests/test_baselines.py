@@ -99,6 +99,36 @@ def test_a_throughput_allowed_to_fall_100_percent_or_more_reads_not_gated_not_ok
     assert "1 metric not gated (allowed a fall of 100% or more: could not fail)" in baseline_counts([rec])
 
 
+def test_a_gated_metric_the_run_did_not_measure_fails_and_a_reported_one_is_left_out(tmp_path):
+    """A check of nothing never passes: the baseline holds a value the run has none of (a sweep whose every load
+    broke its limits has no capacity, NVML gave no memory peak, a paging number went missing)."""
+    old = entry([{"capacity": 8.0, "gpu_memory_peak_gib": 10.0, "kv_blocks_peak": 40, "p99_itl_ms": 3.0,
+                  "output_tokens_per_s": 100.0}])
+    new = entry([{"capacity": None, "gpu_memory_peak_gib": None, "kv_blocks_peak": None, "p99_itl_ms": None,
+                  "output_tokens_per_s": 100.0}])
+    v = baseline.compare(stored(old), [new])
+    assert v.status == "regression"
+    failed = {r.metric: r for r in v.regressions}
+    assert set(failed) == {"capacity", "gpu_memory_peak_gib", "kv_blocks_peak"}  # p99 ITL: reported, so left out
+    assert failed["capacity"].reason == "no load held the latency limits this run (the baseline's capacity 8)"
+    assert failed["gpu_memory_peak_gib"].reason.startswith("not measured this run (the baseline holds 10): a gated")
+    assert failed["kv_blocks_peak"].current is None and failed["kv_blocks_peak"].change is None
+    assert "  0       capacity             8         -        -       10.0%    no load held" in baseline.format_table(v)
+    # a test's gate that names none of them, or a baseline that holds none, leaves them out too
+    assert baseline.compare(stored(old), [new], gated=frozenset({"output_tokens_per_s"})).status == "pass"
+    assert baseline.compare(stored(new), [new]).status == "pass"
+    # the report and results.json write the missing value as none
+    from pytest_llmperf import report
+
+    rec = report.TestRecord("t", "failed", v.status, [{**dataclasses.asdict(r), "change": r.change} for r in v.rows])
+    assert "3 metrics regressed or changed" in report.baseline_counts([rec])
+    report.write(tmp_path, [rec], {})
+    rows = json.loads((tmp_path / "results.json").read_text())["tests"][0]["baseline_rows"]
+    assert {(r["metric"], r["current"], r["change"]) for r in rows if r["verdict"] == "regression"} == {
+        ("capacity", None, None), ("gpu_memory_peak_gib", None, None), ("kv_blocks_peak", None, None)}
+    assert "| `t` | 0 | capacity | 8.0 | - | - | 10.0% | no load held" in (tmp_path / "summary.md").read_text()
+
+
 def test_tails_are_reported_not_gated_unless_a_tolerance_names_them():
     old = entry([{"p99_ttft_ms": 50.0, "p99_itl_ms": 5.0, "p50_ttft_ms": 20.0}])
     new = entry([{"p99_ttft_ms": 90.0, "p99_itl_ms": 9.0, "p50_ttft_ms": 20.0}])

@@ -3,6 +3,7 @@ min_capacity marker, plots and curve baselines end to end on real transformers r
 
 import json
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -26,6 +27,23 @@ def test_capacity_is_cut_at_the_first_point_that_breaks_a_limit():
     assert s.capacity({"p99_tpot_ms": 5}) is None
     with pytest.raises(ValueError, match="not a measured metric"):
         s.capacity({"p99_latency": 5})
+
+
+def test_a_bisection_whose_every_load_now_breaks_its_limits_fails_its_baseline():
+    """A `find_capacity` curve is compared by its capacity alone (its points' loads differ run to run): where no
+    load holds the limits any more there is no capacity, and the gate fails it instead of comparing nothing."""
+    from pytest_llmperf import baseline
+    from pytest_llmperf.gating import entries
+
+    def curve(tpot_ms):
+        return Sweep("rate", "cap", (point(1, 100, tpot_ms), point(2, 180, tpot_ms)), {"p99_tpot_ms": 40}, searched=True)
+
+    before, after = (entries(SimpleNamespace(runs=[], sweeps=[curve(t)])) for t in (10, 90))
+    assert before[0].metrics == {"capacity": 2} and after[0].metrics == {"capacity": None}
+    stored = baseline.document("t", "cpu", "m", {"engine_version": "1"}, before)
+    verdict = baseline.compare(stored, after)
+    assert verdict.status == "regression"
+    assert verdict.regressions[0].reason == "no load held the latency limits this run (the baseline's capacity 2)"
 
 
 def test_pareto_front_and_best_balance():
