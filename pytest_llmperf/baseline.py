@@ -123,7 +123,9 @@ PAGING_MODES = ("strict", "summary")  # --llmperf-paging: does a moved timeline 
 
 # how one label of a test stands against the stored baseline
 COMPARED_LABEL, NO_BASELINE, STALE, OTHER_ENGINE = "compared", "no-baseline", "stale", "other-engine"
-UNCOMPARED = (STALE, OTHER_ENGINE, NO_BASELINE)  # the order a test's status names them in
+# a result the baseline holds and this run did not produce (the test no longer records it, or its engine died)
+NOT_PRODUCED = "not-produced"
+UNCOMPARED = (STALE, OTHER_ENGINE, NO_BASELINE, NOT_PRODUCED)  # the order a test's status names them in
 # row verdicts that fail the test: worse beyond the allowance, or deterministic paging that moved at all
 FAILING = frozenset({"regression", "changed"})
 
@@ -429,6 +431,10 @@ def compare(stored: Mapping[str, Any], current: Sequence[Entry], tolerances: Map
                                        borrowed))
         else:
             notes.append(note)
+    for label in sorted(by_label.keys() - labels.keys()):  # judged too: a result that went missing never passes unseen
+        labels[label] = NOT_PRODUCED
+        notes.append(f"the baseline holds result {label!r}, which this run did not produce (or its engine died "
+                     f"during it); {DROPPED_HINT}")
     if any(r.verdict in FAILING for r in rows):
         status = "regression"
     elif COMPARED_LABEL in labels.values():
@@ -442,6 +448,7 @@ def compare(stored: Mapping[str, Any], current: Sequence[Entry], tolerances: Map
 
 
 RECORD_HINT = "rerun with --llmperf-baseline=update to record the new workload"
+DROPPED_HINT = "if the test no longer measures it, rerun with --llmperf-baseline=update to record what it measures"
 
 
 def standing(old: Entry | None, cur: Entry) -> tuple[str, str]:

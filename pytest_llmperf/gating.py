@@ -160,11 +160,12 @@ def _recorded(perf: LLMPerf, current: Sequence[Entry], retries: int) -> list[Ent
 
 def unmet_requirement(verdict: Verdict | None, cfg: GateConfig, test_id: str) -> str | None:
     """Under --llmperf-baseline=require, the one line that fails a test whose results were not all
-    compared (no baseline, stale, another engine's), with the command that records it."""
+    compared (no baseline, stale, another engine's, or one the baseline holds that the run did not produce),
+    with the command that records it."""
     if cfg.mode != "require" or verdict is None or not verdict.uncompared:
         return None
     # the exact command replaces the stale note's general hint, rather than following it
-    reason = _first_line(verdict.message).replace(f"; {baseline.RECORD_HINT}", "")
+    reason = _first_line(verdict.message).replace(f"; {baseline.RECORD_HINT}", "").replace(f"; {baseline.DROPPED_HINT}", "")
     return f"llmperf: --llmperf-baseline=require: {reason}; record it with: {cfg.record_command(test_id)}"
 
 

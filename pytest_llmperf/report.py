@@ -31,7 +31,7 @@ class TestRecord:
     outcome: str
     baseline: str = "-"
     baseline_rows: list[dict[str, Any]] = field(default_factory=list)
-    baseline_uncompared: dict[str, str] = field(default_factory=dict)  # label -> no-baseline / stale / other-engine
+    baseline_uncompared: dict[str, str] = field(default_factory=dict)  # label -> no-baseline / stale / other-engine / not-produced
     results: list[dict[str, Any]] = field(default_factory=list)
     environment: dict[str, Any] = field(default_factory=dict)
     sweeps: list[dict[str, Any]] = field(default_factory=list)

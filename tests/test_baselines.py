@@ -593,6 +593,10 @@ def test_a_stale_label_never_hides_another_labels_regression():
     assert "stale baseline: workload of 'b' changed (w -> w-changed)" in v.message
     only_stale = baseline.compare(baseline.document("t", "cpu", "m", {}, old), new[1:])
     assert only_stale.status == "stale" and not only_stale.rows
+    # a result the baseline holds and the run did not produce is named, never passed over unseen
+    dropped = baseline.compare(baseline.document("t", "cpu", "m", {}, old), old[:1])
+    assert dropped.status == "pass" and dropped.uncompared == {"b": baseline.NOT_PRODUCED}
+    assert dropped.message.startswith("the baseline holds result 'b', which this run did not produce")
 
 
 def test_deterministic_paging_that_moves_the_better_way_fails_too_and_is_named_an_improvement():
@@ -651,6 +655,15 @@ def test_require_mode_fails_what_was_not_compared_with_the_command_that_records_
     lenient.stdout.fnmatch_lines(["*baselines: 1 test: 1 had no baseline; 0 metrics regressed or changed, 0 improved*"])
     pytester.runpytest_inprocess(*args, "--llmperf-baseline=update").assert_outcomes(passed=1)
     pytester.runpytest_inprocess(*args, "--llmperf-baseline=require").assert_outcomes(passed=1)
+
+    # the test stopped recording label b: require fails it with the command that records what it measures now
+    pytester.makepyfile(test_r=REQUIRED.replace("DURATIONS", "[1.0]").split("    llmperf.run(engine, Workload.offline")[0])
+    dropped = pytester.runpytest_inprocess(*args, "--llmperf-baseline=require")
+    dropped.assert_outcomes(failed=1)
+    dropped.stdout.fnmatch_lines(["*--llmperf-baseline=require: the baseline holds result 'b', which this run did not "
+                                  "produce (or its engine died during it); record it with: pytest 'test_r.py::test_two'"
+                                  " --llmperf-baseline=update*"])
+    pytester.runpytest_inprocess(*args).assert_outcomes(passed=1)  # compare mode: named, a judged
 
     # label b's workload changed, label a is 50% slower: the regression of a is judged and shown
     pytester.makepyfile(test_r=REQUIRED.replace("DURATIONS", "[1.5]").replace("SECOND", "11"))
