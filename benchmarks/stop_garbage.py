@@ -37,12 +37,13 @@ def main() -> None:
         began = time.perf_counter()
         gc.collect()
         again.append(time.perf_counter() - began)
+    tracked = len(gc.get_objects())
     print(f"stop {stop_s:.2f} s; AsyncLLM alive after shutdown: {alive}; the next collection: {unreachable} "
-          f"unreachable objects in {first_s:.3f} s; a full collection of this heap ({len(gc.get_objects())} "
-          f"objects tracked): {min(again):.3f}-{max(again):.3f} s")
+          f"unreachable objects in {first_s:.3f} s; a full collection of this heap ({tracked} objects tracked): "
+          f"{min(again):.3f}-{max(again):.3f} s")
     emit("stop_garbage", {"stop_s": round(stop_s, 2), "front_end_alive_after_stop": alive,
                           "unreachable_after_stop": unreachable, "collection_s": [round(s, 3) for s in again],
-                          "objects_tracked": len(gc.get_objects())})
+                          "objects_tracked": tracked})
 
 
 if __name__ == "__main__":  # vLLM's engine core is spawned: the main module must be importable without running

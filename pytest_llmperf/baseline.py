@@ -449,6 +449,7 @@ def compare(stored: Mapping[str, Any], current: Sequence[Entry], tolerances: Map
 
 RECORD_HINT = "rerun with --llmperf-baseline=update to record the new workload"
 DROPPED_HINT = "if the test no longer measures it, rerun with --llmperf-baseline=update to record what it measures"
+HINTS = (RECORD_HINT, DROPPED_HINT)  # what closes an uncompared result's note: `require` gives the command instead
 
 
 def standing(old: Entry | None, cur: Entry) -> tuple[str, str]:
@@ -495,14 +496,22 @@ def _timeline_rows(old: Entry, cur: Entry, paging: str) -> list[Row]:
     return [Row(cur.label, TIMELINE, float(len(a.steps)), float(len(b.steps)), 0.0, verdict, reason, exact=True)]
 
 
+def _judged(metric: str, deterministic: bool, tolerances: Mapping[str, float], gated: frozenset[str] | None) -> bool:
+    """Whether `metric` can fail this result: the test's gate (or the defaults and what a tolerance names) names
+    it, and it is not paging under timed arrivals without a tolerance of its own (that varies run to run: an
+    unchanged H200 rerun moved fragmentation max by 16%; shown, gated only where a test asks)."""
+    timed_paging = metric in PAGING and metric not in tolerances and not deterministic
+    return gates(metric, gated, tolerances) and not timed_paging
+
+
 def _unmeasured(cur: Entry, metric: str, b: float, deterministic: bool, tolerances: Mapping[str, float],
                 default: float, gated: frozenset[str] | None) -> list[Row]:
     """A metric the baseline holds and this run measured none of: a gated one fails (a check of nothing never
     passes: a sweep whose every load broke its limits has no capacity, a card NVML could not read no memory
     peak); one that is only reported is left out, as where both hold none."""
-    exact = metric in PAGING and metric not in tolerances
-    if not gates(metric, gated, tolerances) or (exact and not deterministic):
+    if not _judged(metric, deterministic, tolerances, gated):
         return []
+    exact = metric in PAGING and metric not in tolerances
     if metric == "capacity":
         reason = f"no load held the latency limits this run (the baseline's capacity {number(b)})"
     else:
@@ -541,9 +550,7 @@ def _row(old: Entry, cur: Entry, metric: str, b: float, c: float, higher_better:
         return Row(cur.label, metric, b, c, tol, verdict, reason, exact, cur.passes)
 
     # a test's llmperf_gate says exactly what gates; without one, the defaults and what a tolerance names
-    if not gates(metric, gated, tolerances) or (gated_paging and not deterministic):
-        # timed arrivals (or a pool sized by the machine's memory) make paging vary run to run: an
-        # unchanged H200 rerun moved fragmentation max by 16%. Shown; gated only where a test asks.
+    if not _judged(metric, deterministic, tolerances, gated):
         return row("reported")
     too_few = _too_few_samples(old, cur, metric)
     if too_few:

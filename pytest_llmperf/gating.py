@@ -164,8 +164,10 @@ def unmet_requirement(verdict: Verdict | None, cfg: GateConfig, test_id: str) ->
     with the command that records it."""
     if cfg.mode != "require" or verdict is None or not verdict.uncompared:
         return None
-    # the exact command replaces the stale note's general hint, rather than following it
-    reason = _first_line(verdict.message).replace(f"; {baseline.RECORD_HINT}", "").replace(f"; {baseline.DROPPED_HINT}", "")
+    # the exact command replaces the note's general hint, rather than following it
+    reason = _first_line(verdict.message)
+    for hint in baseline.HINTS:
+        reason = reason.replace(f"; {hint}", "")
     return f"llmperf: --llmperf-baseline=require: {reason}; record it with: {cfg.record_command(test_id)}"
 
 
