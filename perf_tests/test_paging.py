@@ -36,7 +36,6 @@ def test_fragmentation_under_variable_lengths(vllm_engine, llmperf, block_size):
 
 
 @pytest.mark.llmperf_engine(block_size=32, num_gpu_blocks_override=48, max_model_len=1024)
-@pytest.mark.max_kv_usage(1.0)
 def test_preemption_under_a_tight_budget(vllm_engine, llmperf):
     """48 blocks cannot hold 32 long requests at once: vLLM preempts, and the count is reproducible."""
     w = Workload.offline(32, prompt_len=(64, 256), output_len=(128, 256), seed=22)

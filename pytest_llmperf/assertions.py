@@ -68,6 +68,23 @@ def _number(value: Any, what: str, *, fraction: bool = False, integer: bool = Fa
     return float(value)
 
 
+def _floor(value: Any, what: str, *, fraction: bool = False) -> float:
+    """A lower limit: one of 0 always holds, so it is refused (a limit that cannot fail guards nothing)."""
+    bound = _number(value, what, fraction=fraction)
+    if bound == 0:
+        raise MarkerError(f"{what}={value!r} must be above 0: a floor of 0 always holds; give a floor or drop the marker")
+    return bound
+
+
+def _share_ceiling(value: Any, what: str) -> float:
+    """An upper limit on a share (0-1): one of 1 always holds, so it is refused."""
+    bound = _number(value, what, fraction=True)
+    if bound == 1:
+        raise MarkerError(f"{what}={value!r} must be below 1: a share never exceeds 1, so this limit always holds; "
+                          "give a share (0.05 is 5%) or drop the marker")
+    return bound
+
+
 def _need_one(kwargs: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
     given = {k: v for k, v in kwargs.items() if v is not None}
     if not given:
@@ -111,7 +128,7 @@ def min_throughput(*, output_tokens_per_s: float | None = None, total_tokens_per
                    requests_per_s: float | None = None) -> list[Limit]:
     """fail when throughput (median over repeats) is below any given floor."""
     given = _need_one(locals(), ["output_tokens_per_s", "total_tokens_per_s", "requests_per_s"])
-    return [Limit(_written("min_throughput", (), {k: v}), k, _number(v, k), False, k.split("_per_")[0] + "/s")
+    return [Limit(_written("min_throughput", (), {k: v}), k, _floor(v, k), False, k.split("_per_")[0] + "/s")
             for k, v in given.items()]
 
 
@@ -121,12 +138,12 @@ def max_kv_fragmentation(limit: float, stat: str = "max") -> list[Limit]:
     if stat not in ("max", "mean"):
         raise MarkerError(f"stat={stat!r} must be 'max' or 'mean'")
     return [Limit(_written("max_kv_fragmentation", (limit,), {"stat": stat} if stat != "max" else {}),
-                  f"kv_fragmentation_{stat}", _number(limit, "limit", fraction=True), True)]
+                  f"kv_fragmentation_{stat}", _share_ceiling(limit, "limit"), True)]
 
 
 def max_kv_usage(limit: float) -> list[Limit]:
     """fail when the peak share of KV blocks in use (0-1) is above limit."""
-    return [Limit(_written("max_kv_usage", (limit,), {}), "kv_usage_peak", _number(limit, "limit", fraction=True), True)]
+    return [Limit(_written("max_kv_usage", (limit,), {}), "kv_usage_peak", _share_ceiling(limit, "limit"), True)]
 
 
 def max_preemptions(n: int) -> list[Limit]:
@@ -137,7 +154,7 @@ def max_preemptions(n: int) -> list[Limit]:
 def min_prefix_cache_hit_rate(rate: float) -> list[Limit]:
     """fail when the prefix-cache hit rate (hit tokens / queried tokens) is below rate."""
     return [Limit(_written("min_prefix_cache_hit_rate", (rate,), {}), "kv_prefix_hit_rate",
-                  _number(rate, "rate", fraction=True), False)]
+                  _floor(rate, "rate", fraction=True), False)]
 
 
 def max_gpu_memory(*, gib: float | None = None, fraction: float | None = None) -> list[Limit]:
@@ -150,7 +167,7 @@ def max_gpu_memory(*, gib: float | None = None, fraction: float | None = None) -
                             True, "GiB"))
     if "fraction" in given:
         limits.append(Limit(_written("max_gpu_memory", (), {"fraction": fraction}), "gpu_memory_peak_fraction",
-                            _number(fraction, "fraction", fraction=True), True))
+                            _share_ceiling(fraction, "fraction"), True))
     return limits
 
 
@@ -192,7 +209,7 @@ def min_throughput_per_gib(*, tokens_per_s: float) -> list[Limit]:
     """fail when output tokens/s per GiB of GPU memory (NVML peak) is below the floor; for a sweep,
     its best point counts."""
     return [Limit(_written("min_throughput_per_gib", (), {"tokens_per_s": tokens_per_s}),
-                  "output_tokens_per_s_per_gib", _number(tokens_per_s, "tokens_per_s"), False, "tok/s/GiB")]
+                  "output_tokens_per_s_per_gib", _floor(tokens_per_s, "tokens_per_s"), False, "tok/s/GiB")]
 
 
 def max_error_rate(rate: float) -> list[Limit]:
@@ -294,7 +311,8 @@ def check(limits: Iterable[Limit], results: Sequence[PerfResult]) -> list[Violat
         values = result.flat()
         for limit in limits:
             measured = values.get(limit.metric)
-            if measured is None:
+            # a repeat that missed it (a metrics scrape that failed) may be the busiest: the others cannot stand for it
+            if measured is None or limit.metric in result.unmeasured:
                 raise MarkerError(_unmeasured(limit, result))
             if not limit.holds(measured) and _confirmed(limit, result):
                 worst = tuple(result.worst(limit.sequence_metric)) if limit.sequence_metric else ()
@@ -305,7 +323,7 @@ def check(limits: Iterable[Limit], results: Sequence[PerfResult]) -> list[Violat
 def _unmeasured(limit: Limit, result: PerfResult) -> str:
     """Why a limit cannot be checked: the engine's own reason for this run where it gave one."""
     head = (f"@pytest.mark.{limit.marker} cannot be checked: engine {result.engine!r} did not measure "
-            f"{limit.metric} in this run")
+            f"{limit.metric} in {'every repeat of ' if result.repeats > 1 else ''}this run")
     why = result.unmeasured.get(limit.metric)
     if why:
         return f"{head}: {why}"
@@ -356,9 +374,13 @@ def sample_notes(limits: Iterable[Limit], results: Sequence[PerfResult]) -> list
             label = f" [{result.label}]" if result.label else ""
             why = quantiles.not_gated(limit.metric, few[2])
             if not limit.holds(measured) and not _confirmed(limit, result):
+                values_of = _per_request(result, few[1]) or []
+                lower = ("the lower end of its 95% interval is within the limit"
+                         if quantiles.interval(values_of, few[0])[0] is not None else
+                         f"{few[2]} samples give no lower end of a 95% interval, so not even all of them over the limit "
+                         "would show it")
                 notes.append(f"{limit.metric} = {number(measured)} ms > limit {number(limit.bound)} ms (from "
-                             f"@pytest.mark.{limit.marker}){label}: {why}, and the lower end of its 95% interval is "
-                             "within the limit; measure more requests to gate it")
+                             f"@pytest.mark.{limit.marker}){label}: {why}, and {lower}; measure more requests to gate it")
             elif limit.holds(measured):
                 notes.append(f"{limit.metric} = {number(measured)} ms <= limit {number(limit.bound)} ms (from "
                              f"@pytest.mark.{limit.marker}){label} holds in this sample, but proves little: {why}")
@@ -366,8 +388,11 @@ def sample_notes(limits: Iterable[Limit], results: Sequence[PerfResult]) -> list
 
 
 def could_be_noise(violations: Sequence[Violation], offline: bool) -> bool:
-    """Whether measuring again could clear these violations of one result: not when every one is a
-    paging metric of an offline workload, which the same engine repeats exactly."""
+    """Whether measuring again could clear these violations of one result: not when a request failed (a
+    failure is never noise: a pass without one would hide it), nor when every one is a paging metric of an
+    offline workload, which the same engine repeats exactly."""
+    if any(v.limit.metric == "error_rate" for v in violations):
+        return False
     return not (offline and all(v.limit.metric.startswith("kv_") for v in violations))
 
 

@@ -79,13 +79,15 @@ def deviations(root: Path, hardware: str, model: str, runs: Sequence[Mapping[str
     stored: dict[str, dict[str, bl.Entry]] = {}  # each test's baseline, read once
     for run in runs:
         for test in run["tests"]:
-            if not test["results"]:  # errored before it ran (an unreadable baseline): nothing to deviate
+            # errored before it ran (an unreadable baseline), or not a valid measurement (a client that fell behind
+            # its schedule offered less load): nothing to learn the spread of unchanged runs from
+            if not test["results"] or test.get("outcome") == "invalid":
                 continue
             if test["test"] not in stored:
                 doc = bl.load(bl.path_for(root, test["test"], hardware, model))
                 stored[test["test"]] = {e["label"]: bl.Entry.from_dict(e) for e in doc["entries"]} if doc else {}
             by_label, gated = stored[test["test"]], bl.recorded_gate(test)
-            for entry in map(bl.Entry.from_dict, test["results"]):
+            for entry in (bl.Entry.from_dict(r) for r in test["results"] if not _cut_short(r)):
                 old = by_label.get(entry.label)
                 if old is None or bl.standing(old, entry)[0] != bl.COMPARED_LABEL:
                     continue
@@ -94,6 +96,12 @@ def deviations(root: Path, hardware: str, model: str, runs: Sequence[Mapping[str
                     if b is not None and c is not None:
                         out.setdefault((test["test"], entry.label, metric), []).append(worse_by(metric, b, c))
     return out
+
+
+def _cut_short(result: Mapping[str, Any]) -> bool:
+    """A result whose engine died during it (partial) or whose measurement was invalid: no deviation."""
+    summary = result.get("summary") or {}
+    return bool(summary.get("partial") or summary.get("invalid"))
 
 
 def changed_settings(root: Path, hardware: str, model: str, run: Mapping[str, Any]) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -105,8 +106,9 @@ def tolerances(marks: list[Mapping[str, Any]]) -> dict[str, float]:
             if metric not in baseline.COMPARED:
                 raise BaselineError(f"@pytest.mark.{markers.TOLERANCE}({key}=...): unknown metric; "
                                     f"compared metrics: {', '.join(baseline.COMPARED)}")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise BaselineError(f"@pytest.mark.{markers.TOLERANCE}({key}={value!r}): give a fraction >= 0, e.g. 0.15")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise BaselineError(f"@pytest.mark.{markers.TOLERANCE}({key}={value!r}): give a finite fraction >= 0, "
+                                    "e.g. 0.15")
             out[metric] = float(value)
     return out
 

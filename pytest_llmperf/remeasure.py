@@ -4,7 +4,9 @@ examples and the baseline gate.
 A busy host or an unlucky engine start slows some passes; a regression slows all of them. So a result
 that fails on what could be noise (timing, not paging or errors) is measured again, up to `retries`
 times, on its engine (limits, property examples) or in a fresh start of it (the baseline gate, whose
-baseline was recorded in another start), and judged by its best pass. Change how that works here.
+baseline was recorded in another start), and judged by its best pass. A pass whose client fell behind
+its schedule (validity.py) offered less load than the test asked for: it clears nothing. Change how that
+works here.
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ def violations_that_hold(limits: Sequence[Limit], violations: list[Violation], o
     measured, first = 1, violations
     if violations and assertions.could_be_noise(violations, offline):
         for n in range(1, retries + 1):
-            violations = assertions.check(limits, [again(n)])
+            result = again(n)
             measured += 1
+            if result.invalid:  # a client that fell behind offered less load: it clears nothing
+                continue
+            violations = assertions.check(limits, [result])
             if not violations:
                 break
     # what fails is shown with the first pass's values, the pass the summary table and results.json
@@ -105,7 +110,7 @@ def judged_against_baseline(stored: Mapping[str, Any], perf: LLMPerf, current: S
 def best_of_more_passes(perf: LLMPerf, current: Sequence[Entry], labels: set[str], times: int, salt: int = 1,
                         fresh_start: bool = False) -> list[Entry]:
     """`current` with each result named in `labels` measured `times` more and replaced by its best
-    (`baseline.best_of`); sweep capacities are derived, not measured, and stay as they are. With
+    (`baseline.best_of`) of the valid ones; sweep capacities are derived, not measured, and stay as they are. With
     `fresh_start`, each engine involved is started again first (once, for all its results)."""
     indices = _result_indices(perf)
     out = list(current)
@@ -116,7 +121,8 @@ def best_of_more_passes(perf: LLMPerf, current: Sequence[Entry], labels: set[str
         i = indices[entry.label]
         if fresh_start and not any(perf.runs[i].engine is e for e in started):
             started.append(perf.restart_engine(i))
-        again = [baseline.result_entry(replace(perf.runs[i], result=perf.remeasure(i, salt + k)), i) for k in range(times)]
+        passes = [perf.remeasure(i, salt + k) for k in range(times)]
+        again = [baseline.result_entry(replace(perf.runs[i], result=r), i) for r in passes if not r.invalid]
         out[pos] = baseline.best_of([entry, *again])
     return out
 

@@ -17,7 +17,7 @@ from .metrics import PerfResult, summarize, throughput, with_timing_noise
 from .stats import pass_noise
 from .sweep import Sweep, SweepPoint, holds, unknown_latency_metrics
 from .timing import PhaseTimes
-from .trace import GpuSample, Roofline, RunTrace
+from .trace import GpuSample, Roofline, RunTrace, SequenceTrace
 from .validity import why_invalid
 from .workload import Workload
 
@@ -359,9 +359,23 @@ def static_heap() -> Iterator[None]:
         gc.unfreeze()
 
 
+NO_ANSWER = "the engine returned nothing for this request"
+
+
 def _drive(engine: Engine, workload: Workload, salt: int) -> RunTrace:
     with static_heap():
-        return engine.run(workload, salt=salt)
+        trace = engine.run(workload, salt=salt)
+    return with_unanswered(trace, workload)
+
+
+def with_unanswered(trace: RunTrace, workload: Workload) -> RunTrace:
+    """`trace` with a failed sequence for each sample of each request the engine returned nothing for:
+    an engine (a third party's, registered by entry point) that drops a request must not make it vanish
+    from the error rate, which counts the sequences it got."""
+    got = {(s.index, s.sample) for s in trace.sequences}
+    lost = tuple(SequenceTrace(i, k, r.prompt_len, r.output_len, trace.start_t, (), NO_ANSWER)
+                 for i, r in enumerate(workload.requests) for k in range(r.n) if (i, k) not in got)
+    return replace(trace, sequences=(*trace.sequences, *lost)) if lost else trace
 
 
 def _sweep_values(concurrency: Sequence[int] | None, rates: Sequence[float] | None) -> tuple[str, list[float]]:

@@ -222,3 +222,32 @@ def test_calibrate_refuses_a_run_that_changed_what_it_measured(tmp_path):
         refused = _cli("calibrate", run(4, **changed), run(5), run(6), "--baseline-dir", str(root))
         assert refused.returncode == 2, refused.stderr
         assert f"is not an unchanged run: {test_id}: {named}" in refused.stderr, refused.stderr
+
+
+def test_invalid_or_partial_results_teach_a_calibration_nothing(tmp_path):
+    """A result whose client fell behind its schedule (less load offered) or whose engine died during it
+    is no unchanged run: its deviation would widen the allowance every later regression hides in. FAKE
+    engine (plugin mechanics, fake_engine.py)."""
+    from fake_engine import WORKLOAD, FakeWarmingEngine
+
+    from pytest_llmperf.baseline import result_entry
+    from pytest_llmperf.gating import GateConfig, gate
+    from pytest_llmperf.runner import LLMPerf
+
+    def measured(duration):
+        perf = LLMPerf()
+        perf.run(FakeWarmingEngine([duration]), WORKLOAD, warmup=False)
+        return perf
+
+    gate("t", measured(1.0), GateConfig("update", tmp_path, 0.10, "cpu", "m", retries=0), {}, {})
+
+    def run(duration, outcome="passed", **summary):
+        entry = result_entry(measured(duration).runs[0], 0).to_dict()
+        return {"tests": [{"test": "t", "outcome": outcome, "gated": None, "results": [{**entry, "summary": summary}]}]}
+
+    unchanged = [run(1.1), run(1.2)]
+    kept = calibration.deviations(tmp_path, "cpu", "m", unchanged, {})
+    assert kept and all(len(d) == 2 for d in kept.values())
+    cut = [run(3.0, outcome="invalid", invalid="the client fell behind its arrival schedule"), run(3.0, partial=True),
+           run(3.0, invalid="the client fell behind its arrival schedule")]
+    assert calibration.deviations(tmp_path, "cpu", "m", unchanged + cut, {}) == kept

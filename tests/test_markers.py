@@ -87,6 +87,13 @@ def test_it(hf_engine, llmperf):
     ("max_p95_ms(ttft=-1)", "must be a finite number >= 0"),
     ("max_p90_ms(ttft='fast')", "is not a number"),
     ("max_kv_fragmentation(1.5)", "must be within [0, 1]"),
+    # limits that could never fail
+    ("min_throughput(output_tokens_per_s=0)", "output_tokens_per_s=0 must be above 0: a floor of 0 always holds"),
+    ("min_prefix_cache_hit_rate(0.0)", "rate=0.0 must be above 0"),
+    ("min_throughput_per_gib(tokens_per_s={'cpu': 0, 'default': 50})", "tokens_per_s=0 must be above 0"),
+    ("max_kv_usage(1.0)", "limit=1.0 must be below 1: a share never exceeds 1"),
+    ("max_kv_fragmentation(1, stat='mean')", "limit=1 must be below 1"),
+    ("max_gpu_memory(fraction=1)", "fraction=1 must be below 1"),
     ("max_kv_fragmentation(0.1, stat='median')", "must be 'max' or 'mean'"),
     ("min_prefix_cache_hit_rate(2)", "must be within [0, 1]"),
     ("max_preemptions(1.5)", "whole number"),
@@ -114,6 +121,28 @@ def test_it(hf_engine, llmperf):
     assert message in out and "test_it" in out and "the body must not run" not in out
     # one line: not printed again as the context of the failure that reports it
     assert "During handling of the above exception" not in out and "direct cause" not in out, out
+
+
+@pytest.mark.parametrize("mode", ["off", "update", "compare"])
+@pytest.mark.parametrize("tolerance, message", [
+    ("ttft_p99=-1", "llmperf_tolerance(ttft_p99=-1): give a finite fraction >= 0"),
+    ("ttft_p99=float('inf')", "llmperf_tolerance(ttft_p99=inf): give a finite fraction >= 0"),
+    ("ttft_p42=0.1", "llmperf_tolerance(ttft_p42=...): unknown metric"),
+])
+def test_a_bad_tolerance_errors_before_running_in_every_baseline_mode(pytester, mode, tolerance, message):
+    """Under update the body would otherwise measure first and the error then lose what it measured."""
+    pytester.makepyfile(f"""
+import pytest
+
+@pytest.mark.llmperf_tolerance({tolerance})
+def test_it(llmperf):
+    raise AssertionError("the body must not run")
+""")
+    result = pytester.runpytest_inprocess("-p", "no:randomly", f"--llmperf-baseline={mode}",
+                                          f"--llmperf-baseline-dir={pytester.path / 'baselines'}")
+    result.assert_outcomes(errors=1)
+    out = result.stdout.str()
+    assert message in out and "the body must not run" not in out, out
 
 
 def test_an_engine_option_the_engine_does_not_take_is_one_line_naming_where_it_came_from(run):
@@ -243,6 +272,71 @@ def test_a_violated_timing_limit_is_measured_again_before_it_fails(pytester, dur
         assert "p99_ttft_ms = 1500 ms > limit 1200 ms" in out and "1300 ms" not in out
         row = next(line for line in out.splitlines() if "::test_noisy " in line and " failed" in line)
         assert " 1500.0 " in row, row
+
+
+FAILS_ONCE = """
+from dataclasses import replace
+
+from fake_engine import WORKLOAD, FakeWarmingEngine
+
+
+class FailsFirst(FakeWarmingEngine):  # a FAKE engine (plugin mechanics): its first full pass loses a request
+    def run(self, workload, salt=0):
+        trace = super().run(workload, salt)
+        if self.full_passes == 1 and len(workload) == len(WORKLOAD):
+            lost = replace(trace.sequences[0], error="HTTP 500: upstream reset", chunks=())
+            return replace(trace, sequences=(lost, *trace.sequences[1:]))
+        return trace
+
+
+class Drops(FakeWarmingEngine):  # a FAKE engine that returns nothing for the workload's last request
+    def run(self, workload, salt=0):
+        trace = super().run(workload, salt)
+        return replace(trace, sequences=trace.sequences[:-1])
+
+
+def test_fails_once(llmperf):
+    llmperf.run(FailsFirst([1.0]), WORKLOAD, warmup=False)
+
+
+def test_drops(llmperf):
+    r = llmperf.run(Drops([1.0]), WORKLOAD, warmup=False)
+    assert r.n_sequences == len(WORKLOAD) and r.failed == 1
+"""
+
+
+def test_a_failed_request_is_never_measured_again_as_noise_and_a_dropped_one_counts_as_failed(pytester):
+    """A pass whose request failed fails its test even when the next pass would have none (a failure is
+    not noise), and a request an engine returned nothing for is a failed request, not one fewer."""
+    pytester.makepyfile(FAILS_ONCE)
+    result = pytester.runpytest_inprocess("-p", "no:randomly", "-rA", "--llmperf-baseline=off")
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert "error_rate = 0.125 > limit 0" in out and "HTTP 500: upstream reset" in out, out
+    assert "noise, not a regression" not in out and "measurements" not in out, out
+    assert "request 7.0: the engine returned nothing for this request" in out, out
+
+
+def test_a_pass_whose_client_fell_behind_clears_no_violation():
+    """Measured again, a pass that was not a valid measurement (the client offered less load than asked)
+    cannot show the first pass's violation was noise; the next valid one can."""
+    from dataclasses import replace
+
+    from pytest_llmperf import assertions, remeasure
+    from pytest_llmperf.metrics import summarize
+    from pytest_llmperf.trace import Chunk, RunTrace, SequenceTrace
+
+    def result(ttft_s, invalid=""):
+        seqs = tuple(SequenceTrace(i, 0, 10, 2, 0.0, (Chunk(ttft_s, 1), Chunk(ttft_s + 0.01, 1))) for i in range(8))
+        return replace(summarize([RunTrace("fake", seqs, 0.0, 1.0)], "h", 8), invalid=invalid)
+
+    limits = assertions.parse("max_p50_ms", (), {"ttft": 250}, None)
+    first = assertions.check(limits, [result(0.5)])
+    assert [v.limit.metric for v in first] == ["p50_ttft_ms"]
+    behind = result(0.1, invalid="the client fell behind its arrival schedule")
+    assert remeasure.violations_that_hold(limits, first, False, lambda n: behind, 2) == (first, 3)
+    passes = iter([behind, result(0.1)])
+    assert remeasure.violations_that_hold(limits, first, False, lambda n: next(passes), 2) == ([], 3)
 
 
 def test_every_marker_the_plugin_registers_comes_from_one_catalogue(pytester):

@@ -84,6 +84,9 @@ def test_a_limit_on_a_metric_the_engine_missed_this_run_says_why():
     limit = assertions.parse("max_kv_usage", (0.9,), {}, None)
     with pytest.raises(MarkerError, match=f"did not measure kv_usage_peak in this run: {why}"):
         assertions.check(limit, [summarize([missed], "h", 1)])
+    # missed in one repeat of two: the repeat that missed it may be the busiest, so the other cannot pass it
+    with pytest.raises(MarkerError, match=f"did not measure kv_usage_peak in every repeat of this run: {why}"):
+        assertions.check(limit, [r])
 
 
 def test_a_capacity_limit_s_under_may_be_given_per_hardware_whole_or_per_metric():
@@ -228,6 +231,12 @@ def test_a_percentile_limit_on_too_few_samples_fails_only_beyond_chance_and_says
     assert [v.limit.metric for v in assertions.check(limit, [many_slow])] == ["p99_ttft_ms"]
     notes = assertions.sample_notes(limit, [one_slow, fast])
     assert "> limit 250 ms" in notes[0] and "not gated: 16 samples, a p99 needs about 368" in notes[0]
+    assert "the lower end of its 95% interval is within the limit" in notes[0]
+    # five samples give a median no lower end at all: the note says so rather than naming an end that is not there
+    median = assertions.parse("max_p50_ms", (), {"ttft": 250}, None)
+    all_slow = result([5000] * 5)
+    assert assertions.check(median, [all_slow]) == []
+    assert "5 samples give no lower end of a 95% interval" in assertions.sample_notes(median, [all_slow])[0]
     assert "holds in this sample, but proves little: not gated: 16 samples" in notes[1]
     # enough samples: the point estimate is judged as it always was
     plenty = result([100] * 395 + [400] * 5)
