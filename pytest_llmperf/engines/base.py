@@ -335,6 +335,12 @@ class EnginePool:
                 raise errors[0]
             return self._beside[key]
         errors = self._start_together(group)
+        if errors:
+            # a start that failed beside the others may have met a passing fault (on an H100, 2026-12-07: the port
+            # vLLM found free for an engine core's torch.distributed store was taken before it listened, beside
+            # three other cores' sockets): the failed ones once more, beside those that started. A lasting cause
+            # (the card's memory) fails again, and the session goes on one engine at a time
+            errors = self._start_together([m for m in group if config_key(*m) not in self._beside])
         why = next((f"{type(e).__name__}: {e}" for e in errors), None)
         if why is None and self.check_beside is not None:
             try:
