@@ -22,7 +22,8 @@ def apart(old: Any, new: Any, write: Callable[[Any], str] = number) -> tuple[str
     (an exact paging metric that moved in its fifth digit); a value not measured (None) as "-"."""
     a, b = (write(v) if v is not None else "-" for v in (old, new))
     if a == b and old != new and isinstance(old, float | int) and isinstance(new, float | int):
-        a, b = f"{old:.6g}", f"{new:.6g}"
+        digits = next((d for d in range(6, 18) if f"{old:.{d}g}" != f"{new:.{d}g}"), 17)  # 17 tell two floats apart
+        a, b = f"{old:.{digits}g}", f"{new:.{digits}g}"
     return a, b
 
 

@@ -208,6 +208,8 @@ def test_a_value_that_moved_never_reads_as_unchanged():
     (30, 20, True, "kv_preemptions 30 > 20 (over by 50%)"),
     (5, 10, False, "kv_preemptions 5 < 10 (short by 50%)"),
     (0.9022, 0.9, True, "kv_preemptions 0.9022 > 0.9 (over by 0.2%)"),  # not "over by 0%"
+    (2999.6, 3000, False, "kv_preemptions 2999.6 < 3000 (short by less than 0.1%)"),  # never "3000 < 3000"
+    (250.00001, 250, True, "kv_preemptions 250.00001 > 250 (over by less than 0.1%)"),
     (-1, 0, False, "kv_preemptions -1 < 0 (short of the limit)"),
 ])
 def test_a_margin_line_reads_as_the_comparison_came_out(measured, bound, upper, line):
@@ -264,3 +266,8 @@ def test_the_baseline_count_names_every_test_the_gate_met_those_that_failed_firs
                                             "invalid first); 0 metrics regressed or changed, 0 improved")
     assert baseline_counts(recs[:1]).startswith("baselines: 1 test: 1 had no baseline;")
     assert baseline_counts(recs[1:]) == ""  # no test met the gate: nothing to count
+    # an exact paging metric that moved for the better fails as "changed": one row, counted once
+    rows = [{"metric": "kv_preemptions", "verdict": "changed", "reason": "8 -> 6"},
+            {"metric": "output_tokens_per_s", "verdict": "improvement", "reason": "up 12%"}]
+    moved = [TestRecord("e", "failed", "regression", rows)]
+    assert "; 1 metric regressed or changed, 1 improved" in baseline_counts(moved), baseline_counts(moved)
