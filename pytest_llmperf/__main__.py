@@ -1,5 +1,5 @@
 """`python -m pytest_llmperf compare OLD.json NEW.json`: the baseline rules applied to two results files
-written by `--llmperf-report`. Exit status 1 on a regression, 2 on bad input.
+written by `--llmperf-report`. Exit status 1 on a regression, 2 on bad input (two reports with no test in common too).
 
 `python -m pytest_llmperf calibrate RUN.json RUN.json RUN.json ... [--baseline-dir baselines] [--add]`: the
 allowance each gated timing metric needs, from unchanged runs compared with the stored baselines
@@ -44,12 +44,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tolerance, tolerances = parse_tolerance(args.tolerance)
         old, new = load(args.old), load(args.new)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        text, regressed = compare_results(old, new, tolerance, tolerances)
+    except (ValueError, KeyError, TypeError) as e:  # bad input is status 2: status 1 means a regression
+        print(f"error: {_why(e)}", file=sys.stderr)
         return 2
-    text, regressed = compare_results(old, new, tolerance, tolerances)
     print(text)
     return 1 if regressed else 0
+
+
+def _why(error: Exception) -> str:
+    """What was wrong with the input, in a sentence: a missing key says it is not a report this plugin wrote."""
+    if isinstance(error, KeyError):
+        return (f"a results file without {error} where a --llmperf-report results.json holds it: give the "
+                "results.json of runs this version of pytest-llmperf wrote")
+    if isinstance(error, TypeError):
+        return f"a results file this version of pytest-llmperf cannot read ({error})"
+    return str(error)
 
 
 def _share(text: str) -> float:
@@ -76,8 +86,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         else:
             found = calibration.deviations(root, hardware, model, runs, tolerances)
         calibrated = calibration.allowances(found, args.alpha)
-    except (ValueError, BaselineError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ValueError, KeyError, TypeError, BaselineError) as e:
+        print(f"error: {_why(e)}", file=sys.stderr)
         return 2
     if not calibrated:
         print(f"error: no metric was measured by {calibration.MIN_RUNS} of these runs against a baseline in "
@@ -88,7 +98,11 @@ def _calibrate(args: argparse.Namespace) -> int:
     if args.dry_run:
         return 0
     total = max(len(a.deviations) for a in calibrated)  # with --add, the stored runs and these
-    written = calibration.write(root, hardware, model, calibrated, total, args.alpha)
+    try:
+        written = calibration.write(root, hardware, model, calibrated, total, args.alpha)
+    except BaselineError as e:  # each baseline is written whole or not at all; the message names the one that failed
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"calibrated {len(calibrated)} metrics of {len(written)} baselines from {total} runs "
           f"(alpha {args.alpha} over the suite)")
     return 0

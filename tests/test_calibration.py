@@ -194,6 +194,17 @@ def test_calibrate_refuses_what_cannot_calibrate(tmp_path):
     wrong = _cli("calibrate", str(stored), run("cpu"), run("cpu"))
     assert wrong.returncode == 2 and "a stored baseline, not a results.json" in wrong.stderr
     assert "Traceback" not in wrong.stderr
+    # a results.json of the right schema with a key missing (cut by hand, or another tool's): status 2, not a
+    # traceback, and for compare not status 1, which says "regression"
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps({"schema": 1, "session": {"model": "m"}, "tests": []}))
+    bad = _cli("calibrate", str(cut), run("cpu"), run("cpu"))
+    assert bad.returncode == 2 and "without 'hardware'" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    empty = _cli("compare", str(cut), run("cpu"))  # two reports with no test in common: nothing compared is no pass
+    assert empty.returncode == 2 and "nothing was compared" in empty.stderr, empty.stderr
+    cut.write_text(json.dumps({"schema": 1, "session": {}, "tests": [{"test": "t", "results": [{"label": "0"}]}]}))
+    broken = _cli("compare", str(cut), str(cut))
+    assert broken.returncode == 2 and "without 'workload_hash'" in broken.stderr, broken.stderr
 
 
 def test_calibrate_refuses_a_run_that_changed_what_it_measured(tmp_path):
