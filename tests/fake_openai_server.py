@@ -61,6 +61,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
+        if fault == "pings":  # queued for 3 s, kept alive by SSE comments every 0.4 s (as TGI's axum server does)
+            for _ in range(8):
+                time.sleep(0.4)
+                try:
+                    self.wfile.write(b":\n\n")
+                    self.wfile.flush()
+                except OSError:  # the client gave up on it
+                    return
         if fault == "empty":  # ended at once, no token: as a server that aborted the request answers
             self.wfile.write(b'data: {"choices": [{"index": 0, "text": "", "token_ids": [], "finish_reason": "abort"}]}\n\n')
             self.wfile.write(b"data: [DONE]\n\n")

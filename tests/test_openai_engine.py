@@ -23,18 +23,21 @@ WORKLOAD = Workload.offline(8, prompt_len=(16, 200), output_len=(4, 32), seed=3)
 # -- fault handling (fake server: plugin mechanics only) -------------------------------------------
 def test_failed_requests_are_counted_with_their_reasons(openai_engine_factory, llmperf, monkeypatch):
     monkeypatch.setenv("LLMPERF_TEST_KEY", "s3cret")
-    server = FakeServer({11: "500", 12: "cut", 13: "slow", 15: "empty"})
+    server = FakeServer({11: "500", 12: "cut", 13: "slow", 15: "empty", 16: "pings"})
     try:
         engine = openai_engine_factory(base_url=server.base_url, api_key_env="LLMPERF_TEST_KEY", vocab_size=1000,
                                        request_timeout_s=1.0)
-        w = Workload(tuple(Request(p, 5) for p in (10, 11, 12, 13, 14, 15)), seed=1)
+        w = Workload(tuple(Request(p, 5) for p in (10, 11, 12, 13, 14, 15, 16)), seed=1)
         r = llmperf.run(engine, w, warmup=False)
     finally:
         server.stop()
-    assert r.failed == 4 and r.n_sequences == 6 and r.error_rate == pytest.approx(4 / 6)
+    assert r.failed == 5 and r.n_sequences == 7 and r.error_rate == pytest.approx(5 / 7)
     text = " ".join(r.errors)
     assert "request 1.0: HTTP 500" in text and "request 2.0: stream cut after 2 chunks (no [DONE])" in text
-    assert "request 3.0: timed out after 1s" in text
+    # silent for 2 s between tokens: a wait for the server, or the whole request, over its 1 s (whichever ends first)
+    assert re.search(r"request 3\.0: (timed out after 1s|did not end within 1s of its send)", text), text
+    # kept alive by comments, never silent for a second: request_timeout_s bounds the whole request
+    assert "request 6.0: did not end within 1s of its send (request_timeout_s)" in text
     # a stream that ended properly but carried no token is a failure that says what the server sent
     assert ("request 5.0: no tokens: the stream ended with [DONE] after 1 chunks, finish_reason 'abort', usage "
             "completion_tokens None") in text

@@ -54,7 +54,7 @@ DEFAULTS: dict[str, Any] = {
     "api_key_env": "OPENAI_API_KEY",
     "endpoint": "completions",  # "chat" (/chat/completions) or "responses" (the Responses API, /responses)
     "max_connections": 256,
-    "request_timeout_s": 600.0,
+    "request_timeout_s": 600.0,  # the whole request, its send to its last token (and each wait for the server)
     "token_ids": True,  # send token-id prompts (completions); text otherwise
     "ignore_eos": True,  # vLLM / SGLang extension: generate exactly output_len tokens
     "vocab_size": None,  # for token-id prompts; taken from a model shape when None
@@ -374,7 +374,17 @@ class OpenAIEngine(Engine):
         was reused fails that way (httpx's ReadError; uvicorn closes idle ones after 5 s) though the server
         never read the request: a fresh clone's `make test` met one such ReadError, with no answer, in 16
         requests to a real vllm serve (2026-12-06). Its TTFT still counts from the first send; the trace
-        counts such requests (`requests_sent_again`)."""
+        counts such requests (`requests_sent_again`). `request_timeout_s` bounds the whole request, its resend
+        included, as well as each wait for the server: a server that keeps a stuck request's stream alive with
+        comments (TGI's every 15 s) would otherwise hold the run."""
+        try:
+            await asyncio.wait_for(self._sent(client, workload, i, salt, stream, on_first_token),
+                                   self._cfg["request_timeout_s"])
+        except asyncio.TimeoutError:
+            stream.error = f"did not end within {self._cfg['request_timeout_s']:.0f}s of its send (request_timeout_s)"
+
+    async def _sent(self, client: Any, workload: Workload, i: int, salt: int, stream: _Stream,
+                    on_first_token: Callable[[], None]) -> None:
         try:
             first = await self._send(client, workload, i, salt, stream, on_first_token)
             if first is not None:
