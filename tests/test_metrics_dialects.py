@@ -119,6 +119,26 @@ def test_exposition_text_written_from_each_familys_definitions_is_read_into_the_
     assert dialect.read(text) == pytest.approx(expected)
 
 
+def test_a_vllm_server_of_two_engines_reads_as_their_mean_engine_never_above_full():
+    """vLLM with data parallel exports each engine's gauge and cache_config_info (vllm/v1/metrics/loggers.py,
+    `engine` label): usage is their mean, requests their sum. WRITTEN FROM THOSE DEFINITIONS, not a server."""
+    info = 'block_size="16",cache_dtype="auto",num_gpu_blocks="1001"'
+    text = f"""\
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} 0.8
+vllm:kv_cache_usage_perc{{engine="1",model_name="m"}} 0.7
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="m"}} 5.0
+vllm:num_requests_running{{engine="1",model_name="m"}} 4.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{{{info},engine="0"}} 1.0
+vllm:cache_config_info{{{info},engine="1"}} 1.0
+"""
+    fields = DIALECTS["vllm"].read(text)
+    assert fields == pytest.approx({"usage": 0.75, "blocks_total": 1000, "blocks_used": 750, "block_size": 16,
+                                    "running": 9})
+
+
 def test_each_dialect_names_its_source_and_what_it_can_measure():
     rows = {r["family"]: r for r in metrics_dialects.describe()}
     assert set(rows) == {"vllm", "sglang", "tgi", "trtllm", "llamacpp"}

@@ -16,7 +16,8 @@ The plugin's fields (units as in `trace.KVSample`):
 - `prompt_tokens`, `output_tokens`: tokens the server processed and generated, cumulative
 
 Counters are read without their `_total` suffix (the exposition parser strips it from families and
-servers differ in whether they add it); a field named after several metrics is their sum.
+servers differ in whether they add it); a field named after several metrics is their sum, and so is a metric
+exported once per engine (data parallel), except `usage`, their mean.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from .base import need
 FIELDS = ("usage", "blocks_used", "blocks_total", "block_size", "running", "waiting", "preemptions",
           "prefix_queries", "prefix_hits", "prompt_tokens", "output_tokens")
 COUNTERS = frozenset({"preemptions", "prefix_queries", "prefix_hits", "prompt_tokens", "output_tokens"})
+# a share of one engine's KV cache: a server of several engines (vLLM's data parallel exports each engine's gauge,
+# `engine="0"`, `engine="1"`) reads as their mean, never a sum above 1; its block counts are one engine's too
+SHARES = frozenset({"usage"})
 
 
 @dataclass(frozen=True)
@@ -66,13 +70,17 @@ class Dialect:
             for name in names:
                 by_name.setdefault(name, []).append(f)
         out: dict[str, float] = {}
+        series: dict[str, int] = {}
         for name, labels, value in rows:
             name = name.removesuffix("_total")
             for f in by_name.get(name, ()):
                 out[f] = out.get(f, 0.0) + value
+                series[f] = series.get(f, 0) + 1
             for label, f in self.info.get(name, {}).items():
                 if labels.get(label):
                     out[f] = float(labels[label])
+        for f in SHARES & out.keys():
+            out[f] /= series[f]
         if not out:
             return out  # nothing of this family: constants alone would claim a measurement
         out.update({k: v for k, v in self.constants.items() if k not in out})
