@@ -652,3 +652,17 @@ def test_an_error_field_mid_stream_or_a_choice_never_asked_for_fails_the_sequenc
     renumbered = _Stream(1)
     renumbered.feed('data: {"choices": [{"index": 1, "text": "a"}]}', 1.0)
     assert renumbered.error == "the stream named choice 1, and the request asked for 1 (n)"
+
+
+def test_several_samples_without_token_ids_share_the_servers_usage():
+    """Plugin mechanics of the stream reader (no server): a request of n=2 samples whose server streams text
+    only, three tokens a chunk (speculative decoding, --stream-interval), counts each sample's share of the
+    usage it reports for both, not one token a chunk."""
+    from pytest_llmperf.engines.openai import _Stream
+
+    stream = _Stream(2)
+    for t in range(2):
+        for k in range(2):
+            stream.feed(f'data: {{"choices": [{{"index": {k}, "text": "abc"}}]}}', 1.0 + t)
+    stream.feed('data: {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 12}}', 3.0)
+    assert [sum(c.n_tokens for c in stream.chunks_of(k)) for k in range(2)] == [6, 6]

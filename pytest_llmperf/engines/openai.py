@@ -581,18 +581,27 @@ class _Stream:
     def chunks_of(self, k: int, count: Callable[[str], int] | None = None) -> list[Chunk]:
         """Chunks that carried tokens. Exact counts where the server sent token ids; else one token per
         non-empty chunk (every chunk, for a server that streams no text at all, having no tokenizer),
-        the last one corrected so that the total matches the server's usage, or, for a server that
-        reports none, what `count` (the model's tokenizer) makes of the streamed text."""
+        the last one corrected so that the total matches the server's usage (of several samples, n > 1, their
+        share of it by the chunks each streamed), or, for a server that reports none, what `count` (the model's
+        tokenizer) makes of the streamed text."""
         rows = self.times[k]
         if any(p.n_ids is not None for p in rows):
             return [Chunk(p.t, p.n_ids) for p in rows if p.n_ids]
         kept = [(p.t, 1) for p in rows if p.text] or [(p.t, 1) for p in rows]
-        total = self.completion_tokens if len(self.times) == 1 else None
+        total = self.completion_tokens if len(self.times) == 1 else self._share_of_usage(k)
         if total is None and count is not None and self.texts[k]:
             total = count("".join(self.texts[k]))
         if kept and total is not None:
             kept[-1] = (kept[-1][0], max(1, total - (len(kept) - 1)))
         return [Chunk(t, c) for t, c in kept]
+
+    def _share_of_usage(self, k: int) -> int | None:
+        """Sample `k`'s part of the usage the server reports for all the request's samples together, in
+        proportion to the chunks each streamed (exact where chunks carry equally many tokens)."""
+        chunks = [sum(1 for p in rows if p.text) or len(rows) for rows in self.times]
+        if self.completion_tokens is None or not sum(chunks):
+            return None
+        return round(self.completion_tokens * chunks[k] / sum(chunks))
 
     def reasoning(self, k: int) -> bool:
         """Whether choice `k` began with reasoning the server streamed apart from the answer (`_texts`)."""
