@@ -52,6 +52,7 @@ class LocalServer:
     port_taken: ClassVar[str]  # what its log says when another process holds its port
     poll_s: ClassVar[float] = 0.2  # between two /health requests while it starts
     stop_timeout_s: ClassVar[float] = 30.0  # after SIGTERM, before SIGKILL
+    _gone: int | None = None  # the process group last seen stopped: never signalled again
 
     def __init__(self, log_dir: Path, startup_timeout_s: float) -> None:
         self._log_dir, self._startup_timeout_s = log_dir, startup_timeout_s
@@ -120,6 +121,9 @@ class LocalServer:
         process killed alone (the OOM killer) leaves its engine core holding the card, and the leader's pid
         names the group while any member lives (Linux gives no new process a pid in use as a group id)."""
         group = self._proc.pid
+        if group == self._gone or self._number_taken(group):  # never signal a group that is no longer this server's
+            self._close_log()
+            return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGTERM)
         deadline = time.monotonic() + self.stop_timeout_s
@@ -131,8 +135,27 @@ class LocalServer:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(group, signal.SIGKILL)
             self._proc.wait(timeout=10)
+        if not _group_alive(group):
+            self._gone = group
+        self._close_log()
+
+    def _close_log(self) -> None:
         if not self._log.closed:
             self._log.close()
+
+    def _number_taken(self, group: int) -> bool:
+        """Whether the leader's pid names another process now: the leader reaped, and a process of that pid
+        alive. Its group then is that process's, not what is left of this server's (a process group's number
+        is not given to a new process while any member of it lives)."""
+        if self._proc.poll() is None:
+            return False
+        try:
+            os.kill(group, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
     @property
     def pid(self) -> int:
