@@ -145,6 +145,9 @@ def _judge_report(item: pytest.Item, report: pytest.TestReport, call: pytest.Cal
     judgement = judging.Judgement()
     if report.failed and call.excinfo is not None and properties.broke_a_limit(call.excinfo.value):
         report.llmperf_failed = True  # a property test judges its limits in its body: PERF-FAILED as any other
+    elif report.failed and call.excinfo is not None and properties.broke_a_limit(call.excinfo.value,
+                                                                                   properties.PerfExampleInvalid):
+        report.llmperf_invalid = True  # and its examples' validity: PERF-INVALID
     if report.passed and not properties.is_property_test(item):
         judgement = judging.judge(item, perf)
         if judgement.failure is not None:

@@ -63,6 +63,59 @@ def test_a_noisy_violation_is_measured_again_before_it_counts():
     assert "reproduce as a plain test: llmperf.run(engine, Workload.from_dict(" in str(info.value)
 
 
+def test_an_example_no_valid_measurement_is_measured_again_and_fails_if_it_never_is():
+    """Pure mechanics with hand-built results: no engine involved."""
+    from dataclasses import replace
+
+    from pytest_llmperf.properties import PerfExampleInvalid
+
+    limits = parse("max_p99_ms", (), {"ttft": 100}, "cpu")
+    timed = Workload.poisson(qps=5, n=1, prompt_len=10, output_len=2, seed=1)
+    check = checker(limits, retries=2)
+    behind = replace(_result(0.05), invalid="the client fell behind its arrival schedule")
+    again = iter([_result(0.05)])
+    check(behind, timed, lambda n: next(again))  # a stall of the host once: valid when measured again, and fast
+    never = iter([behind, behind])
+    with pytest.raises(PerfExampleInvalid, match="not a valid measurement in any of 3 passes of this workload: the "
+                                                 "client fell behind") as info:
+        check(behind, timed, lambda n: next(never))
+    assert "reproduce as a plain test: llmperf.run(engine, Workload.from_dict(" in str(info.value)
+    # valid on the second pass, then slow: the re-measurements of the limit take the passes after it
+    salts, passes = [], iter([_result(0.4), _result(0.3), _result(0.2)])
+    with pytest.raises(PerfLimitExceeded, match="violated in all 3 measurements"):
+        check(behind, timed, lambda n: salts.append(n) or next(passes))
+    assert salts == [1, 2, 3]
+
+
+LATE = """
+from hypothesis import given, strategies as st
+from fake_engine import FakeWarmingEngine
+from pytest_llmperf import Workload
+from pytest_llmperf.trace import Chunk, RunTrace, SequenceTrace
+
+
+class Late(FakeWarmingEngine):  # a FAKE engine (plugin mechanics) whose client sends each request 0.5 s late
+    def run(self, workload, salt=0):
+        seqs = tuple(SequenceTrace(i, 0, r.prompt_len, r.output_len, r.arrival_s + 0.5,
+                                   (Chunk(r.arrival_s + 0.6, r.output_len),)) for i, r in enumerate(workload.requests))
+        return RunTrace("fake", seqs, 0.0, 3.0)
+
+
+@given(qps=st.sampled_from([2.0, 3.0]))
+def test_late(llmperf, qps):
+    llmperf.run(Late([1.0]), Workload.poisson(qps=qps, n=4, prompt_len=8, output_len=2, seed=1), warmup=False)
+"""
+
+
+def test_a_property_test_whose_examples_are_never_valid_is_perf_invalid(pytester):
+    pytester.makepyfile(test_late=LATE)
+    result = pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-baseline=off")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "not a valid measurement in any of 3 passes of this workload: the client fell behind" in out, out
+    assert "PERF-INVALID" in out, out
+
+
 PLANTED = """
 import pytest
 from hypothesis import given, strategies as st
