@@ -10,6 +10,7 @@ upgrade or a config change is exactly what the gate judges).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -330,17 +331,45 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("_")[:180]
 
 
+def file_name(test_id: str) -> str:
+    """A test's baseline file name: its id with unsafe characters made `_`; an id longer than a file name may
+    be ends in a hash of the whole id, so that two long ids alike in their first 171 characters (parameters
+    spelled out) do not share a file. Ids alike but for their unsafe characters still map to one name, which
+    `load` and `claimed_by` catch."""
+    name = re.sub(r"[^A-Za-z0-9._=-]+", "_", test_id).strip("_")
+    if len(name) <= 180:
+        return name
+    return f"{name[:171]}-{hashlib.sha1(test_id.encode()).hexdigest()[:8]}"
+
+
 def folder_for(root: Path, hardware: str, model: str) -> Path:
     """Where the baselines of one hardware class and model live."""
     return root / slug(hardware) / slug(model)
 
 
 def path_for(root: Path, test_id: str, hardware: str, model: str) -> Path:
-    return folder_for(root, hardware, model) / f"{slug(test_id)}.json"
+    return folder_for(root, hardware, model) / f"{file_name(test_id)}.json"
 
 
-def load(path: Path) -> dict[str, Any] | None:
-    """The stored baseline, None when there is none; BaselineError for a file that cannot be trusted."""
+def claimed_by(path: Path) -> str | None:
+    """The test a readable baseline file was written for; None where there is no such file."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data.get("test") if isinstance(data, dict) else None
+
+
+def shared_file(path: Path, holder: str, test_id: str) -> BaselineError:
+    return BaselineError(f"baseline {path} was written for {holder!r}, not {test_id!r}: the two test ids map to one "
+                         "file name; give one of them another id (pytest.param(..., id=...)), then record it with "
+                         "--llmperf-baseline=update")
+
+
+def load(path: Path, test_id: str | None = None) -> dict[str, Any] | None:
+    """The stored baseline (of `test_id`, when given), None when there is none; BaselineError for a file that
+    cannot be trusted, or that another test's id wrote (two ids alike but for characters a file name cannot
+    hold)."""
     if not path.exists():
         return None
     try:
@@ -351,6 +380,8 @@ def load(path: Path) -> dict[str, Any] | None:
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("entries"), list):
         raise BaselineError(f"baseline {path} is not a pytest-llmperf schema-{SCHEMA} baseline; "
                             "delete it and rerun with --llmperf-baseline=update")
+    if test_id is not None and data.get("test") not in (None, test_id):
+        raise shared_file(path, data["test"], test_id)
     return data
 
 

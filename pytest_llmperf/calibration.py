@@ -84,7 +84,7 @@ def deviations(root: Path, hardware: str, model: str, runs: Sequence[Mapping[str
             if not test["results"] or test.get("outcome") == "invalid":
                 continue
             if test["test"] not in stored:
-                doc = bl.load(bl.path_for(root, test["test"], hardware, model))
+                doc = bl.load(bl.path_for(root, test["test"], hardware, model), test["test"])
                 stored[test["test"]] = {e["label"]: bl.Entry.from_dict(e) for e in doc["entries"]} if doc else {}
             by_label, gated = stored[test["test"]], bl.recorded_gate(test)
             for entry in (bl.Entry.from_dict(r) for r in test["results"] if not _cut_short(r)):
@@ -112,7 +112,7 @@ def changed_settings(root: Path, hardware: str, model: str, run: Mapping[str, An
     A run kept without its environment (`benchmarks/keep_run.py`) cannot be checked and gives none."""
     out = []
     for test in run["tests"]:
-        doc = bl.load(bl.path_for(root, test["test"], hardware, model)) if test.get("environment") else None
+        doc = bl.load(bl.path_for(root, test["test"], hardware, model), test["test"]) if test.get("environment") else None
         if doc is None or not doc.get("environment"):
             continue
         out += [f"{test['test']}: {key}: {before} -> {after}"
@@ -201,7 +201,7 @@ def write(root: Path, hardware: str, model: str, calibrated: Sequence[Allowance]
     written = []
     for test_id, items in sorted(by_test.items()):
         path = bl.path_for(root, test_id, hardware, model)
-        stored = bl.load(path)
+        stored = bl.load(path, test_id)
         if stored is None:
             continue
         for entry in stored["entries"]:

@@ -138,9 +138,12 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
         except Exception as e:  # noqa: BLE001 - the engine's own error, reported; the old baseline stays
             raise BaselineError(f"could not measure again for the baseline ({type(e).__name__}: {e}); "
                                 f"nothing written to {path}") from e
+        holder = baseline.claimed_by(path)
+        if holder not in (None, test_id):  # never write over another test's baseline
+            raise baseline.shared_file(path, holder, test_id)
         baseline.write(path, baseline.document(test_id, cfg.hardware, cfg.model, env, current))
         return Verdict("updated", message=f"baseline written: {path}")
-    stored = baseline.load(path)
+    stored = baseline.load(path, test_id)
     if stored is None:
         return Verdict(baseline.NO_BASELINE, message=_missing(cfg, path),
                        labels={e.label: baseline.NO_BASELINE for e in current})
@@ -211,7 +214,7 @@ def changes_before_comparing(cfg: GateConfig, test_id: str, env: Mapping[str, An
     if cfg.mode not in ("compare", "require"):
         return []
     try:
-        stored = baseline.load(baseline.path_for(cfg.root, test_id, cfg.hardware, cfg.model))
+        stored = baseline.load(baseline.path_for(cfg.root, test_id, cfg.hardware, cfg.model), test_id)
     except BaselineError:  # an unreadable file errors at the test's setup already
         return []
     return _changed(stored.get("environment") or {}, env) if stored is not None else []

@@ -76,7 +76,7 @@ def _check_baseline_file(item: pytest.Item) -> None:
     if gate.mode in ("off", "update"):
         return
     try:
-        load_baseline(path_for(gate.root, item.nodeid, gate.hardware, gate.model))
+        load_baseline(path_for(gate.root, item.nodeid, gate.hardware, gate.model), item.nodeid)
     except gating.BaselineError:
         item.stash[UNREADABLE_BASELINE] = True  # the summary counts it beside the baselines compared
         raise

@@ -124,6 +124,8 @@ class LLMPerf:
     def run(self, engine: Engine, workload: Workload, repeats: int = 1, warmup: bool | str = True,
             label: str = "") -> PerfResult:
         _check_args(engine, workload, repeats)
+        if self.check is None:  # a property test keeps one example's result at a time
+            _check_label(label, self.runs)
         mode = self._warmup(warmup)
         engine.check_fits(workload)
         traces: list[RunTrace] = []
@@ -397,6 +399,15 @@ def _workload_of(factory: Callable[[float], Workload], value: float) -> Workload
 def _warmup_of(workload: Workload) -> Workload:
     """A few of the workload's own requests, offline: enough to load kernels and allocate buffers."""
     return Workload(workload.requests[:WARMUP_REQUESTS], seed=workload.seed, kind="warmup").as_offline()
+
+
+def _check_label(label: str, runs: Sequence[Run]) -> None:
+    """A label names one result of a test (an unlabelled one is named by its place, "0", "1", ...): its
+    baseline entry, and the engine it is measured again on. Two results of one name would share both."""
+    mine = label or str(len(runs))
+    if any((run.result.label or str(i)) == mine for i, run in enumerate(runs)):
+        raise ValueError(f"llmperf.run(label={mine!r}): this test already recorded a result named {mine!r}; give each "
+                         "llmperf.run of a test a label of its own")
 
 
 def _check_args(engine: Any, workload: Any, repeats: Any) -> None:

@@ -896,3 +896,57 @@ def test_a_baseline_of_another_cpu_gates_no_timing_end_to_end(pytester):
     assert record["environment"]["cpu"] == mine
     verdicts = {r["metric"]: r["verdict"] for r in record["baseline_rows"]}
     assert verdicts["output_tokens_per_s"] == "reported" and verdicts["p50_ttft_ms"] == "reported"
+
+
+SHARED_NAME = """
+import pytest
+from fake_engine import WORKLOAD, FakeWarmingEngine
+
+# a FAKE engine (plugin mechanics): ids alike but for characters a file name cannot hold, and two ids alike in
+# their first 200 characters
+@pytest.mark.parametrize("speed", [1.0, 2.0], ids=["a b", "a/b"])
+def test_fake(llmperf, speed):
+    llmperf.run(FakeWarmingEngine([speed]), WORKLOAD, warmup=False)
+
+@pytest.mark.parametrize("speed", [1.0, 2.0], ids=["x" * 200 + "-one", "x" * 200 + "-two"])
+def test_long(llmperf, speed):
+    llmperf.run(FakeWarmingEngine([speed]), WORKLOAD, warmup=False)
+"""
+
+
+def test_two_test_ids_never_share_a_baseline_file_in_silence(pytester):
+    """Two ids that map to one file name: the second is refused where it would write over the first's
+    baseline, and compared never with the first's numbers; long ids get a file each."""
+    pytester.makepyfile(test_s=SHARED_NAME)
+    update = pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-baseline=update", "--llmperf-retries=0")
+    update.assert_outcomes(passed=3, failed=1)
+    out = update.stdout.str()
+    assert "was written for 'test_s.py::test_fake[a b]', not 'test_s.py::test_fake[a/b]'" in out, out
+    files = sorted(p.name for p in (pytester.path / "baselines").rglob("*.json"))
+    assert len(files) == 3 and all(len(name) <= 185 for name in files), files
+    compare = pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-retries=0")
+    compare.assert_outcomes(passed=3, errors=1)  # the other id's file: refused before its body runs
+    assert "give one of them another id" in compare.stdout.str()
+
+
+def test_a_label_names_one_result_of_a_test(pytester):
+    """Two results of one name would share a baseline entry and the engine measured again for it (the
+    second's regression was measured again on the first's engine and passed as noise): refused before it runs.
+    FAKE engine (plugin mechanics)."""
+    pytester.makepyfile(test_l="""
+from fake_engine import WORKLOAD, FakeWarmingEngine
+
+def test_twice(llmperf):
+    llmperf.run(FakeWarmingEngine([1.0]), WORKLOAD, warmup=False, label="throughput")
+    slow = FakeWarmingEngine([8.0])
+    llmperf.run(slow, WORKLOAD, warmup=False, label="throughput")
+
+def test_place(llmperf):
+    llmperf.run(FakeWarmingEngine([1.0]), WORKLOAD, warmup=False)  # named "0" by its place
+    llmperf.run(FakeWarmingEngine([1.0]), WORKLOAD, warmup=False, label="0")
+""")
+    result = pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-baseline=off")
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert "llmperf.run(label='throughput'): this test already recorded a result named 'throughput'" in out, out
+    assert "llmperf.run(label='0'): this test already recorded a result named '0'" in out, out
