@@ -187,7 +187,12 @@ class RecordCollector:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = session.config.stash.get(SESSION, None)
     if state is not None:
-        state.pool.close()
+        try:
+            state.pool.close()
+        except Exception as e:  # noqa: BLE001 - the verdicts, the summary and the report still come; the job fails
+            state.stop_error = f"{type(e).__name__}: {e}"
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
         state.picture_errors += judging.draw_pictures(state)
         if activation.is_active(session.config):  # a session that never used the plugin keeps its output
             activation.show_engine_output(session.config)
@@ -207,6 +212,9 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state = config.stash.get(SESSION, None)
+    if state is not None and state.stop_error:
+        terminalreporter.write_line(f"llmperf: the engines did not stop cleanly at the session's end ({state.stop_error}); "
+                                    "the session fails so that the next job does not meet what they left", red=True)
     if state is None or not state.records:
         return
     tr = terminalreporter

@@ -62,6 +62,7 @@ class Session:
     footprints: dict[tuple[str, str], tuple[int, int] | None] = field(default_factory=dict)  # (path, dtype)
     pictures: list[Picture] = field(default_factory=list)  # planned by judged tests, drawn at the session's end
     picture_errors: list[str] = field(default_factory=list)  # why a picture could not be drawn
+    stop_error: str = ""  # why the engines did not stop cleanly at the session's end (the card not freed, ...)
     worker_times: list[dict[str, Any]] = field(default_factory=list)  # xdist controller: each worker's own_times()
 
     def roofline(self, engine: Engine) -> Roofline | None:

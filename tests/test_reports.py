@@ -271,3 +271,36 @@ def test_the_baseline_count_names_every_test_the_gate_met_those_that_failed_firs
             {"metric": "output_tokens_per_s", "verdict": "improvement", "reason": "up 12%"}]
     moved = [TestRecord("e", "failed", "regression", rows)]
     assert "; 1 metric regressed or changed, 1 improved" in baseline_counts(moved), baseline_counts(moved)
+
+
+def test_engines_that_do_not_stop_cleanly_fail_the_session_and_lose_no_verdict(pytester):
+    """The pool's close failing at the session's end (the card not freed within its wait, a stop that timed out):
+    the summary and the report still come, the error is named, and the session fails. FAKE engine."""
+    pytester.makeconftest("""
+import pytest
+from pytest_llmperf.gpu import GpuError
+from pytest_llmperf.session import SESSION
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session):
+    pool = session.config.stash[SESSION].pool
+    real = pool.close
+
+    def close():
+        real()
+        raise GpuError("the card still holds 70.2 GiB 60 s after the engines stopped")
+
+    pool.close = close
+""")
+    pytester.makepyfile(test_c="""
+from fake_engine import WORKLOAD, FakeWarmingEngine
+
+def test_fine(llmperf):
+    llmperf.run(FakeWarmingEngine([1.0]), WORKLOAD, warmup=False)
+""")
+    result = pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-baseline=off", "--llmperf-report=rep")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    out = result.stdout.str()
+    assert "the engines did not stop cleanly at the session's end (GpuError: the card still holds 70.2 GiB" in out, out
+    assert "test_c.py::test_fine" in out and "time to verdict: " in out
+    assert json.loads((pytester.path / "rep" / "results.json").read_text())["tests"][0]["outcome"] == "passed"
