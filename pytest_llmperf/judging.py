@@ -24,6 +24,7 @@ from .report import HEADLINE, UNREADABLE, TestRecord, result_record
 from .runner import LLMPerf
 from .selection import uses_plugin
 from .session import LIMITS, SESSION, Session, engine_options, gate_option, model_option
+from .soak import baseline_id
 
 UNREADABLE_BASELINE = pytest.StashKey[bool]()
 
@@ -76,7 +77,7 @@ def _check_baseline_file(item: pytest.Item) -> None:
     if gate.mode in ("off", "update"):
         return
     try:
-        load_baseline(path_for(gate.root, item.nodeid, gate.hardware, gate.model), item.nodeid)
+        load_baseline(path_for(gate.root, baseline_id(item), gate.hardware, gate.model), baseline_id(item))
     except gating.BaselineError:
         item.stash[UNREADABLE_BASELINE] = True  # the summary counts it beside the baselines compared
         raise
@@ -93,16 +94,16 @@ def judge(item: pytest.Item, perf: LLMPerf | None) -> Judgement:
     state = item.config.stash[SESSION]
     invalid = _invalid(item.nodeid, perf)
     if invalid:
-        return Judgement("\n".join([invalid, *_changes(state, item.nodeid, perf)]), "invalid")
+        return Judgement("\n".join([invalid, *_changes(state, baseline_id(item), perf)]), "invalid")
     failure, kind, notes = _limits_verdict(item.nodeid, item.stash.get(LIMITS, []), perf, state.retries)
     notes += _resent_note(perf)
     if failure is not None and kind == "perf":
-        also = gating.beside_failed_limits(state.gate, item.nodeid)
-        failure = "\n".join([failure, *_changes(state, item.nodeid, perf), *([f"  {also}"] if also else [])])
+        also = gating.beside_failed_limits(state.gate, baseline_id(item))
+        failure = "\n".join([failure, *_changes(state, baseline_id(item), perf), *([f"  {also}"] if also else [])])
     if failure is not None or perf is None or not perf.results:
         return Judgement(failure, kind, None, notes)
     tolerance_marks = [m.kwargs for m in reversed(list(item.iter_markers(markers.TOLERANCE)))]
-    gated = _gate(item.nodeid, perf, state, tolerance_marks, gate_option(item))
+    gated = _gate(baseline_id(item), perf, state, tolerance_marks, gate_option(item))
     return Judgement(gated.failure, gated.kind, gated.verdict, notes + gated.notes)
 
 

@@ -204,6 +204,10 @@ def soak_rounds(config: pytest.Config) -> tuple[int, float]:
     rounds = config.getoption("--llmperf-soak")
     if rounds < 1:
         raise pytest.UsageError(f"--llmperf-soak={rounds}: give the number of rounds, 2 or more (1 is a plain run)")
+    if rounds > 1 and (getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput")):
+        # each worker would judge its own memory and no worker's verdict reaches the session's exit status
+        raise pytest.UsageError(f"--llmperf-soak={rounds} measures the memory of one pytest process round by round: "
+                                "run it without pytest-xdist's -n (or with -n 0)")
     limit_mib = config.getoption("--llmperf-soak-limit-mib")
     if not math.isfinite(limit_mib) or limit_mib <= 0:
         raise pytest.UsageError(f"--llmperf-soak-limit-mib={limit_mib}: give the memory growth allowed between "

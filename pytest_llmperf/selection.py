@@ -17,6 +17,7 @@ from .baseline import BaselineError, gates_timing, path_for
 from .engines import registry
 from .gpu import KNOWN_CLASSES
 from .session import SESSION, engine_options, gate_option, model_option
+from .soak import baseline_id
 
 CARRIED = pytest.StashKey[dict[str, int]]()  # hardware class -> how many collected tests carry it
 
@@ -77,7 +78,7 @@ def stored_baselines_line(config: pytest.Config, items: list[pytest.Item]) -> st
     measuring = [item for item in items if uses_plugin(item)]
     if gate.mode not in _UNRECORDED or not measuring:
         return None
-    stored = sum(path_for(gate.root, item.nodeid, gate.hardware, gate.model).exists() for item in measuring)
+    stored = sum(path_for(gate.root, baseline_id(item), gate.hardware, gate.model).exists() for item in measuring)
     line = f"llmperf: {stored} of the {len(measuring)} selected tests that measure have a stored baseline"
     return line + (f"; {_UNRECORDED[gate.mode]}" if stored < len(measuring) else "")
 

@@ -33,6 +33,17 @@ def round_of(item: pytest.Item) -> int:
     return int(callspec.params.get(ROUND, 1)) if callspec is not None else 1
 
 
+def baseline_id(item: pytest.Item) -> str:
+    """The id a test's baseline is found by: its node id without its soak round (`test[round2]` is `test`,
+    `test[a-round2]` is `test[a]`), so that every round compares with the one baseline a plain run records."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or ROUND not in callspec.params:
+        return item.nodeid
+    parts = [p for p in callspec.id.split("-") if p != f"round{callspec.params[ROUND]}"]
+    base = item.nodeid[:item.nodeid.rindex("[")]
+    return f"{base}[{'-'.join(parts)}]" if parts else base
+
+
 def host_memory_mib() -> float:
     """Resident memory of this process and every process it started (engine cores, servers)."""
     try:

@@ -44,3 +44,32 @@ def test_a_soak_of_zero_rounds_is_a_usage_error(pytester):
     pytester.makepyfile(test_s="def test_x():\n    pass\n")
     result = pytester.runpytest_inprocess("--llmperf-soak=0", "-p", "no:cacheprovider")
     assert result.ret == 4 and "--llmperf-soak=0: give the number of rounds" in result.stderr.str()
+
+
+def test_a_soak_under_xdist_is_a_usage_error(pytester):
+    """Each worker would judge its own memory, and no worker's verdict reaches the session's exit status: a
+    planted leak passed under -n 1."""
+    pytester.makepyfile(test_s="def test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess("--llmperf-soak=2", "-n", "1", "-p", "no:cacheprovider", timeout=120)
+    assert result.ret == 4, result.stdout.str() + result.stderr.str()
+    assert "measures the memory of one pytest process round by round: run it without pytest-xdist's -n" in (
+        result.stdout.str() + result.stderr.str())
+
+
+def test_every_soak_round_compares_with_the_one_baseline_a_plain_run_records(pytester):
+    """A round's id (`test_n[a-b-round2]`) finds the baseline of `test_n[a-b]`: a soak under require found none
+    and suggested recording `test_n[round1]`, which a plain run never measures. FAKE engine (plugin mechanics)."""
+    pytester.makepyfile(test_n="""
+import pytest
+from fake_engine import WORKLOAD, FakeWarmingEngine
+
+@pytest.mark.parametrize("k", [1], ids=["a-b"])
+def test_n(llmperf, k):
+    llmperf.run(FakeWarmingEngine([1.0]), WORKLOAD, warmup=False)
+""")
+    args = ("-p", "no:randomly", "-p", "no:cacheprovider", "--llmperf-retries=0")
+    pytester.runpytest_inprocess(*args, "--llmperf-baseline=update").assert_outcomes(passed=1)
+    soaked = pytester.runpytest_inprocess(*args, "--llmperf-soak=2", "--llmperf-baseline=require")
+    soaked.assert_outcomes(passed=2)
+    assert "baselines: 2 tests: 2 passed" in soaked.stdout.str(), soaked.stdout.str()
+    assert [p.name for p in (pytester.path / "baselines").rglob("*.json")] == ["test_n.py_test_n_a-b.json"]
