@@ -18,7 +18,7 @@ import pytest
 from . import gating, soak
 from .baseline import PAGING_MODES, parse_tolerance, unfailable
 from .engines import registry
-from .engines.base import EnginePool, default_engine
+from .engines.base import EnginePool, default_engine, parallel_sizes_problem
 from .gpu import KNOWN_CLASSES
 from .models import DEFAULT_MODEL, check_spec, stored_name
 from .runner import WARMUP_MODES
@@ -196,6 +196,9 @@ def engine_config(text: str, option: str = "engine-config") -> dict[str, Any]:
         raise pytest.UsageError(f"{name} is not JSON ({e}): write e.g. '{{\"max_num_seqs\": 64}}'") from None
     if not isinstance(parsed, dict):
         raise pytest.UsageError(f"{name} must be a JSON object of engine options, e.g. '{{\"max_num_seqs\": 64}}'")
+    problem = parallel_sizes_problem(parsed)
+    if problem:
+        raise pytest.UsageError(f"{name}: {problem}")
     return parsed
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from . import gating, markers
 from .assertions import Limit, MarkerError
-from .engines.base import Engine, EnginePool, engine_class
+from .engines.base import Engine, EnginePool, engine_class, parallel_sizes_problem
 from .gpu import GpuInfo, bandwidth_of, measure_bandwidth, start_bandwidth_probe
 from .models import ModelSpec, check_spec, footprint, model_config, resolve_model
 from .report import TestRecord
@@ -200,4 +200,7 @@ def engine_options(item: pytest.Item) -> dict[str, Any]:
         if mark.args:
             raise MarkerError(f"@pytest.mark.{markers.ENGINE} takes keyword options only, got {mark.args!r}")
         options.update(mark.kwargs)
+    problem = parallel_sizes_problem(options)
+    if problem:
+        raise MarkerError(f"@pytest.mark.{markers.ENGINE}: {problem}")
     return options

@@ -115,6 +115,8 @@ def test_gpus_per_worker_can_be_given_and_is_checked_at_start(pytester):
     ("llmperf_tolerance=abc", "tolerance 'abc': give a fraction >= 0"),
     ("llmperf_server_config=[1]", "--llmperf-server-config/llmperf_server_config must be a JSON object"),
     ("llmperf_engine_config={", "--llmperf-engine-config/llmperf_engine_config is not JSON"),
+    ('llmperf_engine_config={"tensor_parallel_size": "auto"}',
+     "--llmperf-engine-config/llmperf_engine_config: tensor_parallel_size='auto' must be a whole number of GPUs"),
     ("llmperf_warmup=x", "llmperf_warmup='x': choose one of auto, quick, steady"),
     ("llmperf_side_by_side=always", "llmperf_side_by_side='always': choose one of auto, on, off"),
     ("llmperf_baseline=strict", "llmperf_baseline='strict': choose one of"),

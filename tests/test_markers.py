@@ -101,6 +101,8 @@ def test_it(hf_engine, llmperf):
     ("max_p99_ms(ttft={'h20o': 5, 'default': 9})", "names hardware class 'h20o', which is none of the classes known "
                                                    "here (a100, a10g, b200, cpu, gh200, h100, h200, l4, l40s, mi300x)"),
     ("llmperf_engine(32)", "keyword options only"),
+    ("llmperf_engine(tensor_parallel_size='two')", "tensor_parallel_size='two' must be a whole number of GPUs"),
+    ("llmperf_engine(pipeline_parallel_size=0)", "pipeline_parallel_size=0 must be a whole number of GPUs, 1 or more"),
     ("llmperf_model()", "takes one model as --llmperf-model takes it"),
     ("llmperf_gate()", "names nothing: give groups (paging, memory, timing, capacity)"),
     ("llmperf_gate('speed')", "unknown metric or group 'speed'"),

@@ -89,6 +89,19 @@ def need(module: str, extra: str) -> Any:
         raise EngineError(f"{module.split('.')[0]} is missing: pip install 'pytest-llmperf[{extra}]'") from None
 
 
+PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size")
+
+
+def parallel_sizes_problem(config: Mapping[str, Any]) -> str | None:
+    """What is wrong with an engine configuration's parallel sizes (each a whole number of GPUs, 1 or more),
+    or None: checked where the options are given, before anything sizes the GPUs each worker claims."""
+    for key in PARALLEL_SIZES:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            return f"{key}={value!r} must be a whole number of GPUs, 1 or more"
+    return None
+
+
 def gpus_of(config: Mapping[str, Any]) -> int:
     """GPUs an engine configuration asks for: vLLM's `tensor_parallel_size` x `pipeline_parallel_size`."""
     return int(config.get("tensor_parallel_size") or 1) * int(config.get("pipeline_parallel_size") or 1)
