@@ -100,7 +100,7 @@ def judge(item: pytest.Item, perf: LLMPerf | None) -> Judgement:
     if failure is not None and kind == "perf":
         also = gating.beside_failed_limits(state.gate, baseline_id(item))
         failure = "\n".join([failure, *_changes(state, baseline_id(item), perf), *([f"  {also}"] if also else [])])
-    if failure is not None or perf is None or not perf.results:
+    if failure is not None or perf is None:
         return Judgement(failure, kind, None, notes)
     tolerance_marks = [m.kwargs for m in reversed(list(item.iter_markers(markers.TOLERANCE)))]
     gated = _gate(baseline_id(item), perf, state, tolerance_marks, gate_option(item))
@@ -210,7 +210,7 @@ def record(item: pytest.Item, perf: LLMPerf, outcome: str, judgement: Judgement)
     rec.untimed = verdict is not None and verdict.untimed
     rec.limits = assertions.margins(item.stash.get(LIMITS, []), [r for r in perf.results if r.label not in perf.sweep_labels],
                                     perf.sweeps)
-    if state.report_dir is not None:  # drawn when the session's tests are done (draw_pictures)
+    if state.report_dir is not None and perf.runs:  # drawn when the session's tests are done (draw_pictures)
         planned = _pictures(item.nodeid, perf, state.report_dir, verdict)
         state.pictures += planned
         rec.plots = [str(p.path.relative_to(state.report_dir)) for p in planned]

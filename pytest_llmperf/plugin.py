@@ -157,7 +157,7 @@ def _judge_report(item: pytest.Item, report: pytest.TestReport, call: pytest.Cal
             report.llmperf_invalid = judgement.kind == "invalid"
     server_log_on_failure(item, report)
     notes = list(judgement.notes)
-    if perf is not None and perf.results:
+    if perf is not None and (perf.results or judgement.verdict is not None):  # a baseline it produced nothing of
         report.llmperf_record = asdict(judging.record(item, perf, report.outcome, judgement))
         pytest_benchmark_bridge.add(item, perf)
     report.sections.extend(notes)

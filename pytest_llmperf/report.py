@@ -105,6 +105,7 @@ UNREADABLE = "unreadable"  # a test's baseline status when its stored file could
 
 _STANDING = (("pass", "passed"), ("regression", "regressed"), (baseline.NO_BASELINE, "had no baseline"),
              (baseline.STALE, "had a stale baseline"), (baseline.OTHER_ENGINE, "had only another engine's baseline"),
+             (baseline.NOT_PRODUCED, "produced none of the results its baseline holds"),
              ("updated", "recorded"), (UNREADABLE, "had an unreadable baseline (an error before the test ran)"))
 
 

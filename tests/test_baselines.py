@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -950,3 +951,32 @@ def test_place(llmperf):
     out = result.stdout.str()
     assert "llmperf.run(label='throughput'): this test already recorded a result named 'throughput'" in out, out
     assert "llmperf.run(label='0'): this test already recorded a result named '0'" in out, out
+
+
+def test_a_test_that_produced_none_of_its_baselines_results_never_passes_require_unseen(pytester):
+    """A test whose run was skipped (a condition in its body), or whose only result was cut short, has
+    results in its baseline and none now: each is named not produced, and require fails it. FAKE engine."""
+    body = """
+import os
+from fake_engine import WORKLOAD, FakeWarmingEngine
+
+def test_maybe(llmperf):
+    if not os.environ.get("SKIP_RUN"):
+        llmperf.run(FakeWarmingEngine([1.0]), WORKLOAD, warmup=False, label="chat")
+"""
+    pytester.makepyfile(test_m=body)
+    args = ("-p", "no:randomly", "--llmperf-retries=0", "--llmperf-report=rep")
+    pytester.runpytest_inprocess(*args, "--llmperf-baseline=update").assert_outcomes(passed=1)
+    os.environ["SKIP_RUN"] = "1"
+    try:
+        required = pytester.runpytest_inprocess(*args, "--llmperf-baseline=require")
+        compared = pytester.runpytest_inprocess(*args, "--llmperf-baseline=compare")
+    finally:
+        del os.environ["SKIP_RUN"]
+    required.assert_outcomes(failed=1)
+    assert "the baseline holds result 'chat', which this run did not produce" in required.stdout.str()
+    assert "record it with: pytest 'test_m.py::test_maybe' --llmperf-baseline=update" in required.stdout.str()
+    compared.assert_outcomes(passed=1)
+    assert "baselines: 1 test: 1 produced none of the results its baseline holds" in compared.stdout.str()
+    doc = json.loads((pytester.path / "rep" / "results.json").read_text())
+    assert doc["tests"][0]["results"] == [] and doc["tests"][0]["test"] == "test_m.py::test_maybe"
