@@ -662,8 +662,7 @@ def _shown(row: Row) -> bool:
 def compare_results(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: float,
                     tolerances: Mapping[str, float] | None = None) -> tuple[str, bool]:
     """Two `results.json` documents (`--llmperf-report`): the regression table of every test present in
-    both, with the baseline rules (`tolerances`: per metric, over `tolerance`); ValueError when no test is in
-    both (nothing compared never reads as a pass)."""
+    both, with the baseline rules (`tolerances`: per metric, over `tolerance`)."""
     before = {t["test"]: t for t in old["tests"] if t["results"]}
     out, regressed = [], False
     for test in new["tests"]:
@@ -687,10 +686,15 @@ def compare_results(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: f
                     for key, a, b in environment_changes(prior.get("environment") or {}, test.get("environment") or {})]
     gone = sorted(set(before) - {t["test"] for t in new["tests"] if t["results"]})
     out += [f"{test_id}: in the old report only, not compared" for test_id in gone]
-    if not set(before) & {t["test"] for t in new["tests"] if t["results"]}:
-        raise ValueError("no test has results in both reports: nothing was compared; give two results.json of "
-                         "the same suite (--llmperf-report), the old one first")
     return "\n".join(out), regressed
+
+
+def common_tests(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str]:
+    """The tests with results in both `results.json` documents: what `compare_results` compares."""
+    def measured(doc: Mapping[str, Any]) -> set[str]:
+        return {t["test"] for t in doc["tests"] if t["results"]}
+
+    return measured(old) & measured(new)
 
 
 # -- a measured result as an entry --------------------------------------------------------------

@@ -122,7 +122,8 @@ def test_compare_cli_applies_the_baseline_rules(pytester):
     moved["tests"][0]["results"][0]["metrics"]["kv_blocks_peak"] += 24
     assert "paging changed: kv_blocks_peak" in compare(moved).stdout
     gone = compare({**changed, "tests": []})  # a test the new run no longer has is named, not passed over
-    assert gone.returncode == 0 and "test_r.py::test_chat: in the old report only, not compared" in gone.stdout
+    assert gone.returncode == 2 and "test_r.py::test_chat: in the old report only, not compared" in gone.stdout
+    assert "nothing was compared" in gone.stderr  # and with nothing compared at all, no pass either
     # a tolerance given for a paging metric compares it with that tolerance instead of exactly
     assert compare(changed, "--tolerance", "0.1,kv_blocks_peak=10").returncode == 0
     unknown = compare(changed, "--tolerance", "0.1,blocks=10")
