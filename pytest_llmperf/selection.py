@@ -73,9 +73,10 @@ _UNRECORDED = {"compare": "the others have nothing to be compared with (their li
 
 def stored_baselines_line(config: pytest.Config, items: list[pytest.Item]) -> str | None:
     """How many of the selected tests that measure have a baseline to be judged against, before any engine
-    starts (the header counts the folder, not the selection)."""
+    starts (the header counts the folder, not the selection). Property tests are judged example by example
+    and never against a baseline: not counted."""
     gate = config.stash[SESSION].gate
-    measuring = [item for item in items if uses_plugin(item)]
+    measuring = [item for item in items if uses_plugin(item) and not properties.is_property_test(item)]
     if gate.mode not in _UNRECORDED or not measuring:
         return None
     stored = sum(path_for(gate.root, baseline_id(item), gate.hardware, gate.model).exists() for item in measuring)

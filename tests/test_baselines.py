@@ -830,6 +830,12 @@ def test_the_selection_says_how_many_of_its_tests_have_a_baseline_before_any_eng
 
         def test_plain():
             pass
+
+        from hypothesis import given, strategies as st
+
+        @given(st.integers())
+        def test_property(llmperf, n):  # judged example by example, never against a baseline: not counted
+            pass
     """)
     folder = pytester.path / "baselines"
     baseline.write(baseline.path_for(folder, "test_sel.py::test_a", "cpu", "shape:tiny-llama"),
