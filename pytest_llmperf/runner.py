@@ -407,7 +407,8 @@ def _check_label(label: str, runs: Sequence[Run]) -> None:
     mine = label or str(len(runs))
     if any((run.result.label or str(i)) == mine for i, run in enumerate(runs)):
         raise ValueError(f"llmperf.run(label={mine!r}): this test already recorded a result named {mine!r}; give each "
-                         "llmperf.run of a test a label of its own")
+                         "llmperf.run, sweep and find_capacity of a test a label of its own (a sweep's points are "
+                         "named label@value)")
 
 
 def _check_args(engine: Any, workload: Any, repeats: Any) -> None:

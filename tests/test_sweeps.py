@@ -106,5 +106,5 @@ def test_find_capacity_bisects_within_its_run_budget(hf_engine_factory, llmperf)
     assert sweep.searched and len(sweep.points) == 2 and sweep.max_rate == 64  # hi already holds: stop
     tight = llmperf.find_capacity(
         engine, lambda r: Workload.poisson(qps=r, n=6, prompt_len=(16, 32), output_len=(2, 4), seed=1),
-        under={"p99_ttft_ms": 0.001}, lo=1, hi=64, max_runs=4)
+        under={"p99_ttft_ms": 0.001}, lo=1, hi=64, max_runs=4, label="tight")  # a label of its own: results named apart
     assert tight.max_rate is None and len(tight.points) == 1  # even lo breaks the limit
