@@ -68,7 +68,7 @@ def empty_selection_line(config: pytest.Config, items: list[pytest.Item]) -> str
 
 
 _UNRECORDED = {"compare": "the others have nothing to be compared with (their limits still apply)",
-               "require": "the others will fail, each with the command that records it"}
+               "require": "the others will fail where they run (not skipped), each with the command that records it"}
 
 
 def stored_baselines_line(config: pytest.Config, items: list[pytest.Item]) -> str | None:
