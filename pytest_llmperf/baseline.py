@@ -327,8 +327,13 @@ def strict_json(value: Any) -> Any:
     return value
 
 
+def _safe(text: str) -> str:
+    """`text` with every run of characters a file name cannot hold made one `_`."""
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("_")
+
+
 def slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("_")[:180]
+    return _safe(text)[:180]
 
 
 def file_name(test_id: str) -> str:
@@ -336,7 +341,7 @@ def file_name(test_id: str) -> str:
     be ends in a hash of the whole id, so that two long ids alike in their first 171 characters (parameters
     spelled out) do not share a file. Ids alike but for their unsafe characters still map to one name, which
     `load` and `claimed_by` catch."""
-    name = re.sub(r"[^A-Za-z0-9._=-]+", "_", test_id).strip("_")
+    name = _safe(test_id)
     if len(name) <= 180:
         return name
     return f"{name[:171]}-{hashlib.sha1(test_id.encode()).hexdigest()[:8]}"
@@ -352,12 +357,13 @@ def path_for(root: Path, test_id: str, hardware: str, model: str) -> Path:
 
 
 def claimed_by(path: Path) -> str | None:
-    """The test a readable baseline file was written for; None where there is no such file."""
+    """The test a readable baseline file was written for; None where there is no such file (an unreadable one is
+    what an update writes over)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = load(path)
+    except BaselineError:
         return None
-    return data.get("test") if isinstance(data, dict) else None
+    return data.get("test") if data is not None else None
 
 
 def shared_file(path: Path, holder: str, test_id: str) -> BaselineError:
@@ -684,17 +690,19 @@ def compare_results(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: f
         if verdict.status == "regression":  # what changed around it, as the gate's own failure says
             out += [f"  changed since the baseline: {key}: {a} -> {b}"
                     for key, a, b in environment_changes(prior.get("environment") or {}, test.get("environment") or {})]
-    gone = sorted(set(before) - {t["test"] for t in new["tests"] if t["results"]})
+    gone = sorted(set(before) - _measured(new))
     out += [f"{test_id}: in the old report only, not compared" for test_id in gone]
     return "\n".join(out), regressed
 
 
 def common_tests(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str]:
     """The tests with results in both `results.json` documents: what `compare_results` compares."""
-    def measured(doc: Mapping[str, Any]) -> set[str]:
-        return {t["test"] for t in doc["tests"] if t["results"]}
+    return _measured(old) & _measured(new)
 
-    return measured(old) & measured(new)
+
+def _measured(doc: Mapping[str, Any]) -> set[str]:
+    """The tests of a `results.json` document that recorded results."""
+    return {t["test"] for t in doc["tests"] if t["results"]}
 
 
 # -- a measured result as an entry --------------------------------------------------------------

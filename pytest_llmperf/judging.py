@@ -77,7 +77,8 @@ def _check_baseline_file(item: pytest.Item) -> None:
     if gate.mode in ("off", "update"):
         return
     try:
-        load_baseline(path_for(gate.root, baseline_id(item), gate.hardware, gate.model), baseline_id(item))
+        test_id = baseline_id(item)
+        load_baseline(path_for(gate.root, test_id, gate.hardware, gate.model), test_id)
     except gating.BaselineError:
         item.stash[UNREADABLE_BASELINE] = True  # the summary counts it beside the baselines compared
         raise
@@ -92,18 +93,19 @@ def unreadable_baseline_record(item: pytest.Item) -> TestRecord | None:
 def judge(item: pytest.Item, perf: LLMPerf | None) -> Judgement:
     """The verdict of a test whose body passed: validity, then limits, then the baseline."""
     state = item.config.stash[SESSION]
+    test_id = baseline_id(item)  # what its baseline is found by (a soak round's id without its round)
     invalid = _invalid(item.nodeid, perf)
     if invalid:
-        return Judgement("\n".join([invalid, *_changes(state, baseline_id(item), perf)]), "invalid")
+        return Judgement("\n".join([invalid, *_changes(state, test_id, perf)]), "invalid")
     failure, kind, notes = _limits_verdict(item.nodeid, item.stash.get(LIMITS, []), perf, state.retries)
     notes += _resent_note(perf)
     if failure is not None and kind == "perf":
-        also = gating.beside_failed_limits(state.gate, baseline_id(item))
-        failure = "\n".join([failure, *_changes(state, baseline_id(item), perf), *([f"  {also}"] if also else [])])
+        also = gating.beside_failed_limits(state.gate, test_id)
+        failure = "\n".join([failure, *_changes(state, test_id, perf), *([f"  {also}"] if also else [])])
     if failure is not None or perf is None:
         return Judgement(failure, kind, None, notes)
     tolerance_marks = [m.kwargs for m in reversed(list(item.iter_markers(markers.TOLERANCE)))]
-    gated = _gate(baseline_id(item), perf, state, tolerance_marks, gate_option(item))
+    gated = _gate(test_id, perf, state, tolerance_marks, gate_option(item))
     return Judgement(gated.failure, gated.kind, gated.verdict, notes + gated.notes)
 
 

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -147,15 +148,7 @@ class LocalServer:
         """Whether the leader's pid names another process now: the leader reaped, and a process of that pid
         alive. Its group then is that process's, not what is left of this server's (a process group's number
         is not given to a new process while any member of it lives)."""
-        if self._proc.poll() is None:
-            return False
-        try:
-            os.kill(group, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return self._proc.poll() is not None and _exists(os.kill, group)
 
     @property
     def pid(self) -> int:
@@ -176,10 +169,15 @@ class LocalServer:
 
 def _group_alive(group: int) -> bool:
     """Whether any process of the process group is left (a zombie its new parent has not reaped counts)."""
+    return _exists(os.killpg, group)
+
+
+def _exists(send: Callable[[int, int], None], target: int) -> bool:
+    """Whether `send(target, 0)` (os.kill, os.killpg) finds a process: signal 0 is checked, not sent."""
     try:
-        os.killpg(group, 0)
+        send(target, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # there, but another user's
         return True
     return True
