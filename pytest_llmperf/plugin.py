@@ -215,16 +215,19 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if state is not None and state.stop_error:
         terminalreporter.write_line(f"llmperf: the engines did not stop cleanly at the session's end ({state.stop_error}); "
                                     "the session fails so that the next job does not meet what they left", red=True)
-    if state is None or not state.records:
+    if state is None:
         return
     tr = terminalreporter
-    tr.section("llmperf")
-    for line in terminal_lines(state.records):
-        tr.write_line(line)
-    tr.write_line(f"engines started: {state.engine_starts()}; hardware class: {state.hardware}; model: {state.model_spec}")
-    tr.write_line(state.time_line())
+    if state.records:
+        tr.section("llmperf")
+        for line in terminal_lines(state.records):
+            tr.write_line(line)
+        tr.write_line(f"engines started: {state.engine_starts()}; hardware class: {state.hardware}; model: {state.model_spec}")
+        tr.write_line(state.time_line())
     if state.picture_errors:
         tr.write_line(f"llmperf plots: {len(state.picture_errors)} not drawn, e.g. {state.picture_errors[0]}", yellow=True)
+    # a session that measured nothing still writes its report: an older run's results.json left in the folder
+    # would be read (and uploaded by CI) as this run's
     if state.report_dir is not None and not hasattr(config, "workerinput"):  # xdist: the controller writes
         try:
             paths = write_report(state.report_dir, state.records, state.describe())

@@ -70,6 +70,9 @@ def markdown(records: Sequence[TestRecord], session: Mapping[str, Any]) -> str:
         "|" + "---|" * len(head),
     ]
     lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    if not records:
+        lines += ["", "No test measured in this session: none selected, each skipped, or each stopped before its "
+                  "body (see pytest's own summary)."]
     curves = [(rec.test, sw) for rec in records for sw in rec.sweeps]
     if curves:
         lines += ["", "### Sweeps", "", "| test | sweep | over | capacity | under | Pareto points | best balance |",

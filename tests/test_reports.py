@@ -305,3 +305,26 @@ def test_fine(llmperf):
     assert "the engines did not stop cleanly at the session's end (GpuError: the card still holds 70.2 GiB" in out, out
     assert "test_c.py::test_fine" in out and "time to verdict: " in out
     assert json.loads((pytester.path / "rep" / "results.json").read_text())["tests"][0]["outcome"] == "passed"
+
+
+def test_a_session_that_measured_nothing_replaces_an_older_report(pytester):
+    """An older run's results.json left in --llmperf-report's folder must not pass for this run's (CI uploads
+    the folder): a session whose only test errors before its body writes a report with no test in it."""
+    rep = pytester.path / "rep"
+    rep.mkdir()
+    (rep / "results.json").write_text(json.dumps({"schema": 1, "session": {}, "tests": [{"test": "old"}]}))
+    (rep / "summary.md").write_text("an older run\n")
+    pytester.makepyfile(test_e="""
+import pytest
+
+@pytest.mark.llmperf_engine(no_such_option=1)
+def test_bad(hf_engine, llmperf):
+    pass
+""")
+    result = pytester.runpytest_inprocess("--llmperf-engine=hf", "--llmperf-baseline=off", "--llmperf-report=rep",
+                                          "-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    doc = json.loads((rep / "results.json").read_text())
+    assert doc["tests"] == [] and doc["session"]["engine"] == "hf"
+    assert "No test measured in this session" in (rep / "summary.md").read_text()
+    assert "llmperf report: " in result.stdout.str()
