@@ -48,7 +48,9 @@ def entries(perf: LLMPerf) -> list[Entry]:
     per sweep for its capacity."""
     # a bisection measures different rates each run: only its capacity can be compared
     searched = {p.result.label for s in perf.sweeps if s.searched for p in s.points}
-    points = [result_entry(run, i) for i, run in enumerate(perf.runs) if run.result.label not in searched]
+    # a point over capacity (saturated: its percentiles measure the run's length) is compared through the capacity
+    over = {p.result.label for s in perf.sweeps for p in s.points if p.result.invalid}
+    points = [result_entry(run, i) for i, run in enumerate(perf.runs) if run.result.label not in searched | over]
     curves = [
         Entry(label=f"{s.label}:capacity", workload_hash=_curve_hash(s), deterministic=False,
               metrics={"capacity": s.capacity()}, per_repeat=[])

@@ -25,6 +25,7 @@ from .runner import LLMPerf
 from .selection import uses_plugin
 from .session import LIMITS, SESSION, Session, engine_options, gate_option, model_option
 from .soak import baseline_id
+from .validity import is_saturation
 
 UNREADABLE_BASELINE = pytest.StashKey[bool]()
 
@@ -120,7 +121,11 @@ def _changes(state: Session, test_id: str, perf: LLMPerf | None) -> list[str]:
 def _invalid(test_id: str, perf: LLMPerf | None) -> str:
     """Why this test's results are not a valid measurement (validity.py); "" when they are. An invalid
     result is neither judged against limits nor compared with or written to a baseline."""
-    bad = [(r.label or str(i), r.invalid) for i, r in enumerate(perf.results if perf else []) if r.invalid]
+    # a sweep point the engine could not keep up with is over capacity, which its curve judges (sweep.holds):
+    # overload is what a capacity search looks for
+    points = perf.sweep_labels if perf else set()
+    bad = [(r.label or str(i), r.invalid) for i, r in enumerate(perf.results if perf else [])
+           if r.invalid and not (r.label in points and is_saturation(r.invalid))]
     if not bad:
         return ""
     return (f"llmperf: {test_id}: not a valid measurement (neither judged nor gated, no baseline written):\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import math
 import time
 import warnings
 import weakref
@@ -180,6 +181,11 @@ class LLMPerf:
         between `lo` and `hi`, in at most `max_runs` runs; `.max_rate` on the returned sweep."""
         if not 0 < lo < hi or max_runs < 2:
             raise ValueError(f"find_capacity needs 0 < lo < hi and max_runs >= 2, got lo={lo}, hi={hi}, max_runs={max_runs}")
+        if not isinstance(under, Mapping) or not under:
+            raise ValueError(f"find_capacity's under={under!r} must name latency limits, e.g. {{'p99_ttft_ms': 500}}")
+        problem = unknown_latency_metrics(under)
+        if problem:  # before the first point, not after it
+            raise ValueError(problem)
         points: list[SweepPoint] = []
 
         def measure(rate: float) -> bool:
@@ -384,8 +390,13 @@ def _sweep_values(concurrency: Sequence[int] | None, rates: Sequence[float] | No
     if (concurrency is None) == (rates is None):
         raise ValueError("llmperf.sweep takes exactly one of concurrency=[...] or rates=[...]")
     kind, values = ("concurrency", concurrency) if concurrency is not None else ("rate", rates)
-    if not values or any(v <= 0 for v in values):
-        raise ValueError(f"sweep {kind} values must be a non-empty list of positive numbers, got {values!r}")
+    if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0
+                         for v in values):
+        raise ValueError(f"sweep {kind} values must be a non-empty list of finite positive numbers, got {values!r}")
+    if kind == "concurrency" and any(v != int(v) for v in values):
+        raise ValueError(f"sweep concurrency values must be whole numbers of requests in flight, got {values!r}")
+    if len(set(values)) != len(values):
+        raise ValueError(f"sweep {kind} values {values!r} repeat a value: each point is measured once")
     return kind, sorted(values)
 
 

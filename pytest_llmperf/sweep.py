@@ -7,6 +7,7 @@ output tokens per second per GiB of GPU memory.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +50,9 @@ class Sweep:
 
     def pareto(self, latency: str = "p99_tpot_ms") -> list[SweepPoint]:
         """Points no other point beats on both output throughput (higher) and `latency` (lower)."""
-        rows = [(p, p.result.throughput.output_tokens_per_s, p.result.flat().get(latency)) for p in self.points]
+        # a point with failed requests, or over capacity, is no operating point to choose
+        rows = [(p, p.result.throughput.output_tokens_per_s, p.result.flat().get(latency)) for p in self.points
+                if not p.result.failed and not p.result.invalid]
         rows = [r for r in rows if r[2] is not None]
         front = [p for p, thr, lat in rows
                  if not any(t2 >= thr and l2 <= lat and (t2 > thr or l2 < lat) for _, t2, l2 in rows)]
@@ -72,23 +75,32 @@ class Sweep:
 
 
 def unknown_latency_metrics(limits: Mapping[str, Any]) -> str | None:
-    """What is wrong with latency limits that name no latency metric (None when all are known)."""
+    """What is wrong with latency limits (None when nothing is): a name that is no latency metric, or a
+    bound that is not a finite number >= 0 (a NaN bound would hold at every load)."""
     unknown = [str(k) for k in limits if k not in LATENCY_METRIC_NAMES]
-    if not unknown:
-        return None
-    return (f"under= names {', '.join(map(repr, unknown))}, not a latency metric: choose among "
-            f"{', '.join(LATENCY_METRIC_NAMES)}")
+    if unknown:
+        return (f"under= names {', '.join(map(repr, unknown))}, not a latency metric: choose among "
+                f"{', '.join(LATENCY_METRIC_NAMES)}")
+    for name, bound in limits.items():
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not math.isfinite(bound) or bound < 0:
+            return f"under[{name!r}]={bound!r} must be a finite number of milliseconds >= 0"
+    return None
 
 
 def holds(result: PerfResult, limits: Mapping[str, float]) -> bool:
-    """Every latency limit (flat metric name -> upper bound) holds and no request failed."""
+    """Every latency limit (flat metric name -> upper bound) holds, no request failed, and the load was
+    offered and kept up with: a point where the engine saturated is over capacity, and one whose client fell
+    behind its schedule never offered its load (validity.py)."""
     values = result.flat()
-    if result.failed:
+    if result.failed or result.invalid:
         return False
     for metric, bound in limits.items():
         value = values.get(metric)
-        if value is None:
+        if metric not in LATENCY_METRIC_NAMES:
             raise ValueError(f"capacity limit on {metric!r}: not a measured metric; use names like p99_ttft_ms")
+        if value is None:
+            raise ValueError(f"capacity limit on {metric!r}: not measured at this load (TPOT and ITL need outputs of "
+                             "2 tokens or more, TTFO an answer after the reasoning): limit a metric every point measures")
         if value > bound:
             return False
     return True

@@ -35,6 +35,7 @@ LATE_SHARE = 0.05
 RISING_RANK = 0.8
 RISE = 2.0
 MIN_SATURATION_REQUESTS = 16
+SATURATED = "the engine saturated under this open-loop load"
 
 
 def why_invalid(traces: Sequence[RunTrace], workload: Workload) -> str:
@@ -89,12 +90,18 @@ def saturated(traces: Sequence[RunTrace], workload: Workload) -> str:
             continue
         first, last, rank = rise
         where = f" in pass {k + 1} of {len(traces)}" if len(traces) > 1 else ""
-        return (f"the engine saturated under this open-loop load{where}: median TTFT rose from {first * 1e3:.1f} ms "
+        return (f"{SATURATED}{where}: median TTFT rose from {first * 1e3:.1f} ms "
                 f"(first quarter of arrivals) to {last * 1e3:.1f} ms (last quarter) and was still rising at the end "
                 f"(rank correlation with arrival time {rank:.2f}), so the queue grew through the run and its "
                 f"percentiles measure the run's length, not the engine: offer fewer requests per second "
                 f"({_slower(workload)}), or find the rate it sustains with llmperf.find_capacity")
     return ""
+
+
+def is_saturation(reason: str) -> bool:
+    """Whether a result is invalid only because the engine fell behind its open-loop load: a sweep point over
+    capacity, which its curve judges (sweep.holds), rather than a measurement that went wrong."""
+    return reason.startswith(SATURATED)
 
 
 def ttft_rise(trace: RunTrace, workload: Workload) -> tuple[float, float, float] | None:

@@ -108,3 +108,57 @@ def test_find_capacity_bisects_within_its_run_budget(hf_engine_factory, llmperf)
         engine, lambda r: Workload.poisson(qps=r, n=6, prompt_len=(16, 32), output_len=(2, 4), seed=1),
         under={"p99_ttft_ms": 0.001}, lo=1, hi=64, max_runs=4, label="tight")  # a label of its own: results named apart
     assert tight.max_rate is None and len(tight.points) == 1  # even lo breaks the limit
+
+
+def test_a_point_over_capacity_or_behind_its_schedule_does_not_hold_and_only_saturation_leaves_the_test_valid():
+    """Overload is what a capacity search looks for: a point the engine could not keep up with (saturated) is over
+    capacity, not a measurement gone wrong, so it cuts the curve and compares through the capacity alone; a point
+    whose client fell behind its schedule never offered its load: it holds nothing and the test is not valid."""
+    from pytest_llmperf.gating import entries
+    from pytest_llmperf.judging import _invalid
+    from pytest_llmperf.validity import SATURATED
+
+    saturated = point(4, 300, 10)
+    saturated = SweepPoint(4, replace(saturated.result, invalid=f"{SATURATED}: median TTFT rose from 1 ms to 90 ms"))
+    behind = point(2, 180, 10)
+    behind = SweepPoint(2, replace(behind.result, invalid="the client fell behind its arrival schedule: ..."))
+    over = Sweep("rate", "s", (point(1, 100, 10), point(2, 180, 10), saturated), {"p99_tpot_ms": 40})
+    assert over.capacity() == 2  # TPOT 10 ms at rate 4 was under the bound: the queue, not the limit, says over
+    assert [p.value for p in over.pareto()] == [2]
+    perf = SimpleNamespace(sweeps=[over], results=[p.result for p in over.points], sweep_labels={"s@1", "s@2", "s@4"},
+                           runs=[SimpleNamespace(result=p.result, engine=None, workload=None) for p in over.points])
+    assert _invalid("t", perf) == ""
+    assert [e.label for e in entries(SimpleNamespace(runs=[], sweeps=[over]))] == ["s:capacity"]
+
+    late = Sweep("rate", "s", (point(1, 100, 10), behind), {"p99_tpot_ms": 40})
+    assert late.capacity() == 1
+    perf = SimpleNamespace(sweeps=[late], results=[p.result for p in late.points], sweep_labels={"s@1", "s@2"})
+    assert "result 's@2': the client fell behind its arrival schedule" in _invalid("t", perf)
+
+
+def test_sweep_limits_and_loads_are_refused_before_the_first_point():
+    """A NaN bound held at every load; a bound given as text, a repeated load or a misspelled metric of
+    find_capacity failed only after points had run."""
+    from fake_engine import FakeWarmingEngine
+
+    from pytest_llmperf import Workload
+    from pytest_llmperf.runner import LLMPerf
+
+    engine = FakeWarmingEngine([0.05])
+    perf = LLMPerf()
+
+    def rate(r):
+        return Workload.poisson(8, qps=r, prompt_len=16, output_len=10, seed=1)
+
+    for under, match in (({"p99_ttft_ms": float("nan")}, "finite number"), ({"p99_ttft_ms": "500"}, "finite number"),
+                         ({"ttft_p99_ms": 500}, "not a latency metric"), ({}, "must name latency limits")):
+        with pytest.raises(ValueError, match=match):
+            perf.find_capacity(engine, rate, under=under, lo=1, hi=8)
+    with pytest.raises(ValueError, match="finite number"):
+        perf.sweep(engine, rate, rates=[1, 2], under={"p99_ttft_ms": float("inf")})
+    for rates, match in (([1, 2, 2], "repeat a value"), ([1, float("nan")], "finite positive"), ([True, 2], "finite positive")):
+        with pytest.raises(ValueError, match=match):
+            perf.sweep(engine, rate, rates=rates)
+    with pytest.raises(ValueError, match="whole numbers"):
+        perf.sweep(engine, rate, concurrency=[1, 2.5])
+    assert engine.passes == [] and perf.runs == []
