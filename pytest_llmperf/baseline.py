@@ -308,10 +308,11 @@ class Verdict:
         return {label: s for label, s in self.labels.items() if s != COMPARED_LABEL}
 
     def worth_measuring_again(self) -> set[str]:
-        """Labels whose regressions could all be noise: timing metrics only, no exact paging change
-        (that one fails whatever another pass shows)."""
-        exact = {r.label for r in self.regressions if r.exact}
-        return {r.label for r in self.regressions} - exact
+        """Labels whose regressions could all be noise: no exact paging change (it fails whatever another
+        pass shows) and no memory (an engine of one configuration holds the same memory each start, and a
+        best-of would hide memory that grew in one pass)."""
+        other = {r.label for r in self.regressions if r.exact or r.metric == "gpu_memory_peak_gib"}
+        return {r.label for r in self.regressions} - other
 
 
 # -- storage ---------------------------------------------------------------------------------------

@@ -437,6 +437,11 @@ def test_only_regressions_that_could_be_noise_are_worth_measuring_again():
     v = baseline.compare(baseline.document("t", "cpu", "m", {}, old), new)
     assert {r.label for r in v.regressions} == {"a", "b"}
     assert v.worth_measuring_again() == {"b"}
+    # memory is no noise either: a best pass would hide memory that grew in one
+    old = [Entry("m", "w", False, {"gpu_memory_peak_gib": 10.0, "p50_ttft_ms": 50.0}, [{}])]
+    new = [Entry("m", "w", False, {"gpu_memory_peak_gib": 13.0, "p50_ttft_ms": 50.0}, [{}])]
+    v = baseline.compare(baseline.document("t", "cpu", "m", {}, old), new)
+    assert [r.metric for r in v.regressions] == ["gpu_memory_peak_gib"] and v.worth_measuring_again() == set()
 
 
 # -- the gate's second look, on a FAKE engine (fake_engine.py) whose passes take the times it is told ----

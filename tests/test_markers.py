@@ -319,7 +319,7 @@ def test_a_failed_request_is_never_measured_again_as_noise_and_a_dropped_one_cou
     assert "request 7.0: the engine returned nothing for this request" in out, out
 
 
-def test_a_pass_whose_client_fell_behind_clears_no_violation():
+def test_a_pass_whose_client_fell_behind_clears_no_violation_nor_does_a_pass_after_a_failed_request():
     """Measured again, a pass that was not a valid measurement (the client offered less load than asked)
     cannot show the first pass's violation was noise; the next valid one can."""
     from dataclasses import replace
@@ -339,6 +339,12 @@ def test_a_pass_whose_client_fell_behind_clears_no_violation():
     assert remeasure.violations_that_hold(limits, first, False, lambda n: behind, 2) == (first, 3)
     passes = iter([behind, result(0.1)])
     assert remeasure.violations_that_hold(limits, first, False, lambda n: next(passes), 2) == ([], 3)
+    # a retry that fails a request holds it: a later pass within every limit does not clear a failure
+    both = limits + assertions.parse("max_error_rate", (0,), {}, None)
+    failing = replace(result(0.5), failed=1)
+    passes = iter([failing, result(0.1)])
+    left, measured = remeasure.violations_that_hold(both, first, False, lambda n: next(passes), 2)
+    assert sorted(v.limit.metric for v in left) == ["error_rate", "p50_ttft_ms"] and measured == 2
 
 
 def test_every_marker_the_plugin_registers_comes_from_one_catalogue(pytester):
