@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import calibration
-from .baseline import DEFAULT_TOLERANCE, BaselineError, common_tests, compare_results, parse_tolerance, recorded_tolerance
+from .baseline import DEFAULT_TOLERANCE, BaselineError, compare_results, parse_tolerance, recorded_tolerance
 from .report import load
 
 
@@ -44,15 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tolerance, tolerances = parse_tolerance(args.tolerance)
         old, new = load(args.old), load(args.new)
-        text, regressed = compare_results(old, new, tolerance, tolerances)
-        compared = common_tests(old, new)
+        text, regressed, compared = compare_results(old, new, tolerance, tolerances)
     except (ValueError, KeyError, TypeError) as e:  # bad input is status 2: status 1 means a regression
         print(f"error: {_why(e)}", file=sys.stderr)
         return 2
     print(text)
     if not compared:  # nothing compared never reads as a pass
-        print("error: no test has results in both reports: nothing was compared; give two results.json of the same "
-              "suite (--llmperf-report), the old one first", file=sys.stderr)
+        print("error: nothing was compared: no test has a result of the same workload, label and engine in both "
+              "reports (see each test's line above); give two results.json of the same suite (--llmperf-report), "
+              "the old one first", file=sys.stderr)
         return 2
     return 1 if regressed else 0
 

@@ -667,11 +667,12 @@ def _shown(row: Row) -> bool:
 
 
 def compare_results(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: float,
-                    tolerances: Mapping[str, float] | None = None) -> tuple[str, bool]:
+                    tolerances: Mapping[str, float] | None = None) -> tuple[str, bool, int]:
     """Two `results.json` documents (`--llmperf-report`): the regression table of every test present in
-    both, with the baseline rules (`tolerances`: per metric, over `tolerance`)."""
+    both, with the baseline rules (`tolerances`: per metric, over `tolerance`), whether any regressed, and
+    how many tests had a result compared (a changed workload, label or engine compares none)."""
     before = {t["test"]: t for t in old["tests"] if t["results"]}
-    out, regressed = [], False
+    out, regressed, compared = [], False, 0
     for test in new["tests"]:
         if not test["results"]:
             continue
@@ -684,6 +685,7 @@ def compare_results(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: f
                                     recorded_gate(test), tolerances or {})
         verdict = compare(stored, [Entry.from_dict(r) for r in test["results"]], tolerances, tolerance, gated=gated)
         regressed |= verdict.status == "regression"
+        compared += COMPARED_LABEL in verdict.labels.values()
         message = "; ".join(m for m in (elsewhere, verdict.message) if m)
         out.append(f"{test['test']}: {verdict.status}{' - ' + message if message else ''}")
         if any(_shown(r) for r in verdict.rows):
@@ -693,12 +695,7 @@ def compare_results(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: f
                     for key, a, b in environment_changes(prior.get("environment") or {}, test.get("environment") or {})]
     gone = sorted(set(before) - _measured(new))
     out += [f"{test_id}: in the old report only, not compared" for test_id in gone]
-    return "\n".join(out), regressed
-
-
-def common_tests(old: Mapping[str, Any], new: Mapping[str, Any]) -> set[str]:
-    """The tests with results in both `results.json` documents: what `compare_results` compares."""
-    return _measured(old) & _measured(new)
+    return "\n".join(out), regressed, compared
 
 
 def _measured(doc: Mapping[str, Any]) -> set[str]:

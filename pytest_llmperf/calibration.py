@@ -83,6 +83,8 @@ def deviations(root: Path, hardware: str, model: str, runs: Sequence[Mapping[str
             # its schedule offered less load): nothing to learn the spread of unchanged runs from
             if not test["results"] or test.get("outcome") == "invalid":
                 continue
+            if test.get("untimed"):  # its timing was reported, not gated (a baseline of another CPU): no spread of this machine's
+                continue
             if test["test"] not in stored:
                 doc = bl.load(bl.path_for(root, test["test"], hardware, model), test["test"])
                 stored[test["test"]] = {e["label"]: bl.Entry.from_dict(e) for e in doc["entries"]} if doc else {}
@@ -94,6 +96,9 @@ def deviations(root: Path, hardware: str, model: str, runs: Sequence[Mapping[str
                 for metric in sorted(m for m in bl.TIMING if bl.gates(m, gated, tolerances)):
                     b, c = old.metrics.get(metric), entry.metrics.get(metric)
                     if b is not None and c is not None:
+                        if not (math.isfinite(b) and math.isfinite(c)):
+                            raise ValueError(f"{test['test']} {entry.label!r}: {metric} is {c if math.isfinite(b) else b}, "
+                                             "not a number a run or baseline of pytest-llmperf writes: leave that file out")
                         out.setdefault((test["test"], entry.label, metric), []).append(worse_by(metric, b, c))
     return out
 

@@ -235,7 +235,7 @@ def test_calibrate_refuses_a_run_that_changed_what_it_measured(tmp_path):
         assert f"is not an unchanged run: {test_id}: {named}" in refused.stderr, refused.stderr
 
 
-def test_invalid_or_partial_results_teach_a_calibration_nothing(tmp_path):
+def test_invalid_partial_or_untimed_results_teach_a_calibration_nothing(tmp_path):
     """A result whose client fell behind its schedule (less load offered) or whose engine died during it
     is no unchanged run: its deviation would widen the allowance every later regression hides in. FAKE
     engine (plugin mechanics, fake_engine.py)."""
@@ -262,3 +262,11 @@ def test_invalid_or_partial_results_teach_a_calibration_nothing(tmp_path):
     cut = [run(3.0, outcome="invalid", invalid="the client fell behind its arrival schedule"), run(3.0, partial=True),
            run(3.0, invalid="the client fell behind its arrival schedule")]
     assert calibration.deviations(tmp_path, "cpu", "m", unchanged + cut, {}) == kept
+    # a run on another CPU had its timing reported, not gated: it shows that CPU's speed, not this machine's spread
+    elsewhere = run(3.0)
+    elsewhere["tests"][0]["untimed"] = True
+    assert calibration.deviations(tmp_path, "cpu", "m", unchanged + [elsewhere], {}) == kept
+    endless = run(1.1)
+    endless["tests"][0]["results"][0]["metrics"]["output_tokens_per_s"] = float("inf")  # json.loads reads Infinity
+    with pytest.raises(ValueError, match="output_tokens_per_s is inf, not a number"):
+        calibration.deviations(tmp_path, "cpu", "m", unchanged + [endless], {})

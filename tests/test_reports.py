@@ -124,6 +124,11 @@ def test_compare_cli_applies_the_baseline_rules(pytester):
     gone = compare({**changed, "tests": []})  # a test the new run no longer has is named, not passed over
     assert gone.returncode == 2 and "test_r.py::test_chat: in the old report only, not compared" in gone.stdout
     assert "nothing was compared" in gone.stderr  # and with nothing compared at all, no pass either
+    # a test in both whose workload changed (stale) compares nothing either: never status 0
+    stale = json.loads(old.read_text())
+    stale["tests"][0]["results"][0]["workload_hash"] = "another workload"
+    restaled = compare(stale)
+    assert restaled.returncode == 2 and "stale" in restaled.stdout and "nothing was compared" in restaled.stderr
     # a tolerance given for a paging metric compares it with that tolerance instead of exactly
     assert compare(changed, "--tolerance", "0.1,kv_blocks_peak=10").returncode == 0
     unknown = compare(changed, "--tolerance", "0.1,blocks=10")
