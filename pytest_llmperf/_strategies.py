@@ -42,6 +42,8 @@ def lengths(lo: int = 1, hi: int = 1024, *, block_sizes: tuple[int, ...] | None 
     in use (its block size and max model length, read when the example is drawn)."""
     if not 1 <= lo <= hi:
         raise ValueError(f"lengths({lo}, {hi}) needs 1 <= lo <= hi")
+    if block_sizes is not None and any(bs < 1 for bs in block_sizes):  # a block of 0 tokens never doubles: no end
+        raise ValueError(f"lengths(block_sizes={block_sizes!r}) needs block sizes of 1 token or more")
     # integers first: a failing example found on an edge still shrinks through the plain range
     return st.integers(lo, hi) | _edge(lo, hi, block_sizes)
 
@@ -59,6 +61,9 @@ def requests(draw: st.DrawFn, prompt_len: st.SearchStrategy[int] | None = None,
     """One request whose prompt + output fits the engine's max model length."""
     limits = current_limits(max_total_len)
     cap = limits.max_model_len
+    if cap < 2:  # a prompt and an output of one token each
+        raise ValueError(f"requests fit within {cap} tokens (max_total_len, or the engine's max model length less a "
+                         "shared prefix): a request needs 2 or more; give a larger max_total_len or a shorter prefix")
     prompt = draw(prompt_len if prompt_len is not None else lengths(1, min(512, cap - 1)))
     prompt = min(prompt, cap - 1)
     output = draw(output_len if output_len is not None else lengths(1, min(256, cap - prompt)))

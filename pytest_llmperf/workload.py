@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -75,8 +76,11 @@ class LogNormal:
     hi: int | None = None
 
     def __post_init__(self) -> None:
-        if self.mean <= 0 or self.sigma < 0:
-            raise ValueError(f"LogNormal needs mean > 0 and sigma >= 0, got mean={self.mean}, sigma={self.sigma}")
+        # NaN and infinity pass a comparison and drew a length of `lo` for every request
+        if not (math.isfinite(self.mean) and math.isfinite(self.sigma)) or self.mean <= 0 or self.sigma < 0:
+            raise ValueError(f"LogNormal needs a finite mean > 0 and sigma >= 0, got mean={self.mean}, sigma={self.sigma}")
+        if self.lo < 1 or (self.hi is not None and self.hi < self.lo):
+            raise ValueError(f"LogNormal clips to [lo, hi]: it needs 1 <= lo <= hi, got lo={self.lo}, hi={self.hi}")
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         mu = np.log(self.mean) - self.sigma**2 / 2
@@ -122,6 +126,8 @@ def as_distribution(spec: LengthSpec, what: str) -> Distribution:
     if isinstance(spec, (int, np.integer)):
         return Fixed(int(spec))
     if isinstance(spec, (tuple, list)) and len(spec) == 2:
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in spec):
+            raise TypeError(f"{what}={spec!r}: a (lo, hi) range of token counts takes two whole numbers")
         return Uniform(int(spec[0]), int(spec[1]))
     if hasattr(spec, "sample") and hasattr(spec, "describe"):
         return spec
@@ -241,8 +247,9 @@ class Workload:
             object.__setattr__(self, "requests", tuple(self.requests))
         if not self.requests:
             raise ValueError("a workload needs at least one request (got zero)")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise ValueError(f"concurrency={self.concurrency!r} must be >= 1")
+        whole = isinstance(self.concurrency, (int, np.integer)) and not isinstance(self.concurrency, bool)
+        if self.concurrency is not None and (not whole or self.concurrency < 1):
+            raise ValueError(f"concurrency={self.concurrency!r} must be a whole number of requests in flight >= 1")
         # each request's previous turn, found once: the schedule and token ids ask for it per request
         object.__setattr__(self, "_previous", _previous_turns(self))
 

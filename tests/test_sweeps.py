@@ -148,7 +148,7 @@ def test_sweep_limits_and_loads_are_refused_before_the_first_point():
     perf = LLMPerf()
 
     def rate(r):
-        return Workload.poisson(8, qps=r, prompt_len=16, output_len=10, seed=1)
+        return Workload.poisson(r, 8, prompt_len=16, output_len=10, seed=1)
 
     for under, match in (({"p99_ttft_ms": float("nan")}, "finite number"), ({"p99_ttft_ms": "500"}, "finite number"),
                          ({"ttft_p99_ms": 500}, "not a latency metric"), ({}, "must name latency limits")):

@@ -3,6 +3,7 @@
 import pytest
 
 from pytest_llmperf import Empirical, LogNormal, Request, Workload
+from pytest_llmperf import strategies as lst
 
 
 def test_same_seed_same_workload_and_tokens():
@@ -114,6 +115,15 @@ def test_closed_loop_and_round_trip():
         (lambda: Workload((Request(8, 4, session=0), Request(12, 4, session=0, turn=1))),
          "history alone .turn 0's prompt and answer. is 12 tokens"),
         (lambda: Workload((Request(8, 4, session=0),), concurrency=2), "closed loop"),
+        # NaN and infinity passed the comparisons and drew `lo` for every request; a float range was truncated
+        (lambda: Workload.offline(3, LogNormal(mean=float("nan"), sigma=0.5), 8), "finite mean"),
+        (lambda: Workload.offline(3, LogNormal(mean=200, sigma=float("inf")), 8), "finite mean"),
+        (lambda: Workload.offline(3, LogNormal(mean=200, sigma=0.5, lo=50, hi=10), 8), "1 <= lo <= hi"),
+        (lambda: Workload.offline(3, (1.9, 3.9), 8), "two whole numbers"),
+        (lambda: Workload.closed_loop(2.5, 4, 8, 8), "whole number of requests in flight"),
+        (lambda: Workload.closed_loop(True, 4, 8, 8), "whole number of requests in flight"),
+        (lambda: lst.lengths(1, 100, block_sizes=(0,)), "block sizes of 1 token or more"),
+        (lambda: lst.requests(max_total_len=1).example(), "a request needs 2 or more"),
     ],
 )
 def test_bad_input_is_a_clear_error(make, message):
