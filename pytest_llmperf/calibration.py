@@ -89,6 +89,7 @@ def deviations(root: Path, hardware: str, model: str, runs: Sequence[Mapping[str
                 doc = bl.load(bl.path_for(root, test["test"], hardware, model), test["test"])
                 stored[test["test"]] = {e["label"]: bl.Entry.from_dict(e) for e in doc["entries"]} if doc else {}
             by_label, gated = stored[test["test"]], bl.recorded_gate(test)
+            judged = {(row["label"], row["metric"]): row["baseline"] for row in test.get("baseline_rows") or []}
             for entry in (bl.Entry.from_dict(r) for r in test["results"] if not _cut_short(r)):
                 old = by_label.get(entry.label)
                 if old is None or bl.standing(old, entry)[0] != bl.COMPARED_LABEL:
@@ -96,6 +97,12 @@ def deviations(root: Path, hardware: str, model: str, runs: Sequence[Mapping[str
                 for metric in sorted(m for m in bl.TIMING if bl.gates(m, gated, tolerances)):
                     b, c = old.metrics.get(metric), entry.metrics.get(metric)
                     if b is not None and c is not None:
+                        was = judged.get((entry.label, metric))
+                        if was is not None and not math.isclose(was, b, rel_tol=1e-9):
+                            raise ValueError(f"{test['test']} {entry.label!r}: this run was compared with a {metric} of "
+                                             f"{was:g}, the stored baseline holds {b:g} (recorded again since): its "
+                                             "deviation is from another baseline; calibrate from runs compared with the "
+                                             "baselines as they are")
                         if not (math.isfinite(b) and math.isfinite(c)):
                             raise ValueError(f"{test['test']} {entry.label!r}: {metric} is {c if math.isfinite(b) else b}, "
                                              "not a number a run or baseline of pytest-llmperf writes: leave that file out")

@@ -270,3 +270,9 @@ def test_invalid_partial_or_untimed_results_teach_a_calibration_nothing(tmp_path
     endless["tests"][0]["results"][0]["metrics"]["output_tokens_per_s"] = float("inf")  # json.loads reads Infinity
     with pytest.raises(ValueError, match="output_tokens_per_s is inf, not a number"):
         calibration.deviations(tmp_path, "cpu", "m", unchanged + [endless], {})
+    # a run compared with a baseline recorded again since: its deviation is from another baseline
+    before = run(1.1)
+    label = before["tests"][0]["results"][0]["label"]
+    before["tests"][0]["baseline_rows"] = [{"label": label, "metric": "output_tokens_per_s", "baseline": 1e9}]
+    with pytest.raises(ValueError, match="recorded again since"):
+        calibration.deviations(tmp_path, "cpu", "m", unchanged + [before], {})
