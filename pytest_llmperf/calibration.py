@@ -61,14 +61,22 @@ def worse_by(metric: str, stored: float, current: float) -> float:
 
 def bound(deviations: Sequence[float], comparisons: int, alpha: float = ALPHA) -> float:
     """The one-sided upper prediction bound of one more run's deviation (never below 0)."""
-    from scipy.stats import t
-
     k = len(deviations)
     if k < MIN_RUNS:
         raise ValueError(f"a calibration needs at least {MIN_RUNS} runs, got {k}")
     mean, sd = statistics.fmean(deviations), statistics.stdev(deviations)
-    q = float(t.ppf(1 - alpha / max(comparisons, 1), k - 1))
-    return max(0.0, mean + q * sd * math.sqrt(1 + 1 / k))
+    return max(0.0, mean + spread_factor(k, comparisons, alpha) * sd)
+
+
+def spread_factor(runs: int, comparisons: int, alpha: float = ALPHA) -> float:
+    """How many of the runs' standard deviations an allowance adds to their mean: t(1 - alpha / M, K - 1) *
+    sqrt(1 + 1 / K). Few runs over many comparisons make it large (12 at 3 runs and 11 comparisons)."""
+    from scipy.stats import t
+
+    return float(t.ppf(1 - alpha / max(comparisons, 1), runs - 1)) * math.sqrt(1 + 1 / runs)
+
+
+WIDE_FACTOR = 5.0  # beyond this many standard deviations, `calibrate` says to add runs
 
 
 def deviations(root: Path, hardware: str, model: str, runs: Sequence[Mapping[str, Any]],
@@ -235,4 +243,12 @@ def table(calibrated: Sequence[Allowance]) -> str:
     for a in calibrated:
         lines.append(f"{a.test.split('::')[-1][:52]:<52} {a.label[:8]:<8} {a.metric:<20} {len(a.deviations):>4} "
                      f"{max(a.deviations):>+7.1%} {a.allowance:>8.1%}")
+    if calibrated:
+        runs = min(len(a.deviations) for a in calibrated)
+        factor = spread_factor(runs, len(calibrated))
+        lines.append(f"each allowance: the runs' mean worse deviation + {factor:.1f} standard deviations of them "
+                     f"({runs} runs, {len(calibrated)} comparisons over the suite)")
+        if factor > WIDE_FACTOR:
+            lines.append(f"warning: {runs} runs are few for {len(calibrated)} comparisons: allowances this wide can let a "
+                         "real regression pass; add unchanged runs (calibrate --add) to narrow them")
     return "\n".join(lines)

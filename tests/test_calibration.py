@@ -20,6 +20,13 @@ def test_the_bound_is_a_one_sided_prediction_bound_split_over_the_suites_compari
     assert calibration.bound([-0.05, -0.04, -0.06], 1) == 0.0  # runs that only landed better need nothing
     with pytest.raises(ValueError, match="at least 3 runs, got 2"):
         calibration.bound([0.01, 0.02], 1)
+    # few runs over many comparisons: the table says how wide that makes each allowance, and to add runs
+    few = calibration.allowances({("t", "0", f"m{i}"): [0.0, 0.03, 0.06] for i in range(11)})
+    text = calibration.table(few)
+    assert "+ 12.0 standard deviations of them (3 runs, 11 comparisons over the suite)" in text
+    assert "warning: 3 runs are few for 11 comparisons" in text
+    enough = calibration.allowances({("t", "0", f"m{i}"): [0.0, 0.03, 0.06] * 5 for i in range(11)})
+    assert "warning" not in calibration.table(enough)
     # worse is down for throughput, up for latency
     assert calibration.worse_by("output_tokens_per_s", 100.0, 90.0) == pytest.approx(0.10)
     assert calibration.worse_by("p50_ttft_ms", 100.0, 90.0) == pytest.approx(-0.10)
