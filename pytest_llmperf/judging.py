@@ -99,7 +99,7 @@ def judge(item: pytest.Item, perf: LLMPerf | None) -> Judgement:
     if invalid:
         return Judgement("\n".join([invalid, *_changes(state, test_id, perf)]), "invalid")
     failure, kind, notes = _limits_verdict(item.nodeid, item.stash.get(LIMITS, []), perf, state.retries)
-    notes += _resent_note(perf)
+    notes += _resent_note(perf) + _capped_note(perf)
     if failure is not None and kind == "perf":
         also = gating.beside_failed_limits(state.gate, test_id)
         failure = "\n".join([failure, *_changes(state, test_id, perf), *([f"  {also}"] if also else [])])
@@ -142,6 +142,16 @@ def _resent_note(perf: LLMPerf | None) -> tuple[tuple[str, str], ...]:
     lines = [f"result {label!r}: {n} of {total} requests sent again after their connection failed before any "
              "answer (their TTFT counts from the first send)" for label, n, total in resent]
     return (("llmperf requests", "\n".join(lines)),)
+
+
+def _capped_note(perf: LLMPerf | None) -> tuple[tuple[str, str], ...]:
+    """Sweeps whose largest load held: their capacity is a lower bound (a baseline of it cannot show a gain)."""
+    capped = [s for s in (perf.sweeps if perf else []) if s.under and s.capped]
+    if not capped:
+        return ()
+    return (("llmperf sweeps", "\n".join(
+        f"sweep {s.label!r}: its largest {s.kind}, {max(s.values):g}, held every limit: the capacity is at least that, "
+        f"not found; {'raise hi' if s.searched else 'add larger loads'} to find it" for s in capped)),)
 
 
 def _limits_verdict(test_id: str, limits: list[Limit], perf: LLMPerf | None,

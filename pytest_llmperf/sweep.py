@@ -48,6 +48,11 @@ class Sweep:
     def max_rate(self) -> float | None:
         return self.capacity() if self.kind == "rate" else None
 
+    @property
+    def capped(self) -> bool:
+        """Whether every load held, the largest included: the capacity is at least that load, not found."""
+        return bool(self.points) and self.capacity() == max(self.values)
+
     def pareto(self, latency: str = "p99_tpot_ms") -> list[SweepPoint]:
         """Points no other point beats on both output throughput (higher) and `latency` (lower)."""
         # a point with failed requests, or over capacity, is no operating point to choose
@@ -68,7 +73,7 @@ class Sweep:
     def summary(self) -> dict[str, Any]:
         best = self.best_balance()
         return {"kind": self.kind, "label": self.label, "values": self.values, "capacity": self.capacity(),
-                "max_rate": self.max_rate, "searched": self.searched,
+                "max_rate": self.max_rate, "searched": self.searched, "capped": self.capped,
                 "under": dict(self.under), "pareto": [p.value for p in self.pareto()],
                 "best_balance": best.value if best else None,
                 "throughput_per_gib": [throughput_per_gib(p.result) for p in self.points]}

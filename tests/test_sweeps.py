@@ -46,6 +46,17 @@ def test_a_bisection_whose_every_load_now_breaks_its_limits_fails_its_baseline()
     assert verdict.regressions[0].reason == "no load held the latency limits this run (the baseline's capacity 2)"
 
 
+def test_a_curve_whose_largest_load_held_says_its_capacity_is_only_a_lower_bound():
+    from pytest_llmperf.judging import _capped_note
+
+    held = Sweep("rate", "cap", (point(1, 100, 10), point(8, 180, 20)), {"p99_tpot_ms": 40}, searched=True)
+    assert held.capped and held.summary()["capped"] is True and held.max_rate == 8
+    ((title, text),) = _capped_note(SimpleNamespace(sweeps=[held]))
+    assert "sweep 'cap': its largest rate, 8, held every limit: the capacity is at least that, not found; raise hi" in text
+    cut = Sweep("rate", "cap", (point(1, 100, 10), point(8, 180, 90)), {"p99_tpot_ms": 40}, searched=True)
+    assert not cut.capped and _capped_note(SimpleNamespace(sweeps=[cut])) == ()
+
+
 def test_pareto_front_and_best_balance():
     s = Sweep("concurrency", "s", (point(1, 100, 10), point(2, 180, 20), point(4, 170, 45), point(8, 320, 30)))
     assert [p.value for p in s.pareto()] == [1, 2, 8]  # 4 is beaten by 8 on both axes
