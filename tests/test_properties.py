@@ -144,3 +144,18 @@ def test_a_planted_paging_bound_shrinks_to_the_exact_minimal_workload(pytester):
     assert "PERF-FAILED" in out  # a limit broken inside a property test is a performance failure like any other
     # the fixtures of the failing case printed short, not the thousands of lines of the runs they hold
     assert "<llmperf fixture of test_planted.py::test_planted: " in out and "steady_engines=" not in out, out
+
+
+@pytest.mark.parametrize(("ci", "derandomized"), [("true", True), ("1", True), ("", False), ("false", False),
+                                                   ("0", False)])
+def test_the_profile_is_derandomized_under_ci_only(monkeypatch, ci, derandomized):
+    """A gate must be reproducible under CI; a developer's `CI=false` asks for the usual random search."""
+    from pytest_llmperf.properties import PROFILE, register_profile
+
+    monkeypatch.setenv("CI", ci)
+    try:
+        register_profile()
+        assert settings.get_profile(PROFILE).derandomize is derandomized
+    finally:  # the profile as this session's own environment asks
+        monkeypatch.undo()
+        register_profile()
