@@ -188,15 +188,22 @@ class LLMPerf:
             raise ValueError(problem)
         points: list[SweepPoint] = []
 
+        def name(rate: float) -> str:
+            return f"{label}@{rate:.6g}"
+
         def measure(rate: float) -> bool:
             result = self.run(engine, _workload_of(rate_factory, rate), repeats=repeats, warmup=not points,
-                              label=f"{label}@{rate:.4g}")
+                              label=name(rate))
             points.append(SweepPoint(rate, result))
             return holds(result, under)
 
+        if name(lo) == name(hi):
+            raise ValueError(f"find_capacity's lo={lo} and hi={hi} are too close to name apart: widen the range")
         if measure(lo) and not measure(hi):
             while len(points) < max_runs and (hi - lo) / hi > rel_tol:
                 mid = (lo + hi) / 2
+                if name(mid) in {name(p.value) for p in points}:
+                    break  # closer than a point's name tells apart: the search has converged
                 lo, hi = (mid, hi) if measure(mid) else (lo, mid)
         points.sort(key=lambda p: p.value)
         return self._keep(Sweep("rate", label, tuple(points), dict(under), searched=True))

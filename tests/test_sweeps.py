@@ -173,3 +173,23 @@ def test_sweep_limits_and_loads_are_refused_before_the_first_point():
     with pytest.raises(ValueError, match="whole numbers"):
         perf.sweep(engine, rate, concurrency=[1, 2.5])
     assert engine.passes == [] and perf.runs == []
+
+
+def test_a_bisection_stops_where_its_points_could_no_longer_be_named_apart():
+    """A tiny rel_tol bisected to rates whose labels were equal, and the second of them was refused mid-test as a
+    label already recorded. FAKE engine (plugin mechanics, fake_engine.py): a full workload of 8 requests answers in
+    1 s, a shorter one at once, so only the higher rate breaks the TTFT bound."""
+    from fake_engine import WORKLOAD, FakeWarmingEngine
+
+    from pytest_llmperf import Workload
+    from pytest_llmperf.runner import LLMPerf
+
+    def rate(r):
+        return Workload.poisson(r, len(WORKLOAD) if r > 1.000001 else 4, prompt_len=16, output_len=10, seed=1)
+
+    perf = LLMPerf()
+    sweep = perf.find_capacity(FakeWarmingEngine([1.0]), rate, under={"p99_ttft_ms": 100}, lo=1, hi=1.00001,
+                               rel_tol=0, max_runs=8)
+    assert [p.result.label for p in sweep.points] == ["capacity@1", "capacity@1.00001"] and sweep.max_rate == 1
+    with pytest.raises(ValueError, match="too close to name apart"):
+        perf.find_capacity(FakeWarmingEngine([1.0]), rate, under={"p99_ttft_ms": 100}, lo=1, hi=1.0000001)
