@@ -99,7 +99,7 @@ def _calibrate(args: argparse.Namespace) -> int:
               f"{args.baseline_dir}/{hardware}/ (with --add, counting the runs stored there): pass the results.json "
               "of compare runs of the same suite", file=sys.stderr)
         return 2
-    print(calibration.table(calibrated))
+    print(calibration.table(calibrated, args.alpha))
     if args.dry_run:
         return 0
     total = max(len(a.deviations) for a in calibrated)  # with --add, the stored runs and these

@@ -666,6 +666,13 @@ def _shown(row: Row) -> bool:
     return row.verdict not in ("ok", "reported") or bool(row.reason)
 
 
+def cut_short(result: Mapping[str, Any]) -> bool:
+    """A `results.json` result whose engine died during it (partial) or whose measurement was invalid (a
+    client behind its schedule, an engine saturated: a capacity curve's point over capacity): never compared."""
+    summary = result.get("summary") or {}
+    return bool(summary.get("partial") or summary.get("invalid"))
+
+
 def compare_results(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: float,
                     tolerances: Mapping[str, float] | None = None) -> tuple[str, bool, int]:
     """Two `results.json` documents (`--llmperf-report`): the regression table of every test present in
@@ -680,10 +687,11 @@ def compare_results(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: f
         if prior is None:
             out.append(f"{test['test']}: new test, nothing to compare")
             continue
-        stored = {"entries": prior["results"], "environment": prior.get("environment")}
+        stored = {"entries": [r for r in prior["results"] if not cut_short(r)], "environment": prior.get("environment")}
         gated, elsewhere = cpu_gate(prior.get("environment") or {}, test.get("environment") or {},
                                     recorded_gate(test), tolerances or {})
-        verdict = compare(stored, [Entry.from_dict(r) for r in test["results"]], tolerances, tolerance, gated=gated)
+        verdict = compare(stored, [Entry.from_dict(r) for r in test["results"] if not cut_short(r)], tolerances, tolerance,
+                          gated=gated)
         regressed |= verdict.status == "regression"
         compared += COMPARED_LABEL in verdict.labels.values()
         message = "; ".join(m for m in (elsewhere, verdict.message) if m)

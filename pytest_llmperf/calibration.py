@@ -98,7 +98,7 @@ def deviations(root: Path, hardware: str, model: str, runs: Sequence[Mapping[str
                 stored[test["test"]] = {e["label"]: bl.Entry.from_dict(e) for e in doc["entries"]} if doc else {}
             by_label, gated = stored[test["test"]], bl.recorded_gate(test)
             judged = {(row["label"], row["metric"]): row["baseline"] for row in test.get("baseline_rows") or []}
-            for entry in (bl.Entry.from_dict(r) for r in test["results"] if not _cut_short(r)):
+            for entry in (bl.Entry.from_dict(r) for r in test["results"] if not bl.cut_short(r)):
                 old = by_label.get(entry.label)
                 if old is None or bl.standing(old, entry)[0] != bl.COMPARED_LABEL:
                     continue
@@ -116,12 +116,6 @@ def deviations(root: Path, hardware: str, model: str, runs: Sequence[Mapping[str
                                              "not a number a run or baseline of pytest-llmperf writes: leave that file out")
                         out.setdefault((test["test"], entry.label, metric), []).append(worse_by(metric, b, c))
     return out
-
-
-def _cut_short(result: Mapping[str, Any]) -> bool:
-    """A result whose engine died during it (partial) or whose measurement was invalid: no deviation."""
-    summary = result.get("summary") or {}
-    return bool(summary.get("partial") or summary.get("invalid"))
 
 
 def changed_settings(root: Path, hardware: str, model: str, run: Mapping[str, Any]) -> list[str]:
@@ -237,7 +231,7 @@ def write(root: Path, hardware: str, model: str, calibrated: Sequence[Allowance]
     return written
 
 
-def table(calibrated: Sequence[Allowance]) -> str:
+def table(calibrated: Sequence[Allowance], alpha: float = ALPHA) -> str:
     """One line per metric: its runs' deviations (worse +) and the allowance they give."""
     lines = [f"{'test':<52} {'result':<8} {'metric':<20} {'runs':>4} {'worst':>7} {'allowed':>8}"]
     for a in calibrated:
@@ -245,7 +239,7 @@ def table(calibrated: Sequence[Allowance]) -> str:
                      f"{max(a.deviations):>+7.1%} {a.allowance:>8.1%}")
     if calibrated:
         runs = min(len(a.deviations) for a in calibrated)
-        factor = spread_factor(runs, len(calibrated))
+        factor = spread_factor(runs, len(calibrated), alpha)
         lines.append(f"each allowance: the runs' mean worse deviation + {factor:.1f} standard deviations of them "
                      f"({runs} runs, {len(calibrated)} comparisons over the suite)")
         if factor > WIDE_FACTOR:

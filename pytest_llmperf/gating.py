@@ -49,7 +49,7 @@ def entries(perf: LLMPerf) -> list[Entry]:
     # a bisection measures different rates each run: only its capacity can be compared
     searched = {p.result.label for s in perf.sweeps if s.searched for p in s.points}
     # a point over capacity (saturated: its percentiles measure the run's length) is compared through the capacity
-    over = {p.result.label for s in perf.sweeps for p in s.points if p.result.invalid}
+    over = {p.result.label for s in perf.sweeps if s.under for p in s.points if p.result.invalid}
     points = [result_entry(run, i) for i, run in enumerate(perf.runs) if run.result.label not in searched | over]
     curves = [
         Entry(label=f"{s.label}:capacity", workload_hash=_curve_hash(s), deterministic=False,

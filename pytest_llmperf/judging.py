@@ -121,9 +121,9 @@ def _changes(state: Session, test_id: str, perf: LLMPerf | None) -> list[str]:
 def _invalid(test_id: str, perf: LLMPerf | None) -> str:
     """Why this test's results are not a valid measurement (validity.py); "" when they are. An invalid
     result is neither judged against limits nor compared with or written to a baseline."""
-    # a sweep point the engine could not keep up with is over capacity, which its curve judges (sweep.holds):
-    # overload is what a capacity search looks for
-    points = perf.sweep_labels if perf else set()
+    # a point of a capacity curve (a sweep with under=) that the engine could not keep up with is over capacity,
+    # which the curve judges (sweep.holds): overload is what a capacity search looks for
+    points = {p.result.label for s in (perf.sweeps if perf else []) if s.under for p in s.points}  # curves with a capacity
     bad = [(r.label or str(i), r.invalid) for i, r in enumerate(perf.results if perf else [])
            if r.invalid and not (r.label in points and is_saturation(r.invalid))]
     if not bad:

@@ -122,7 +122,8 @@ def best_of_more_passes(perf: LLMPerf, current: Sequence[Entry], labels: set[str
         if fresh_start and not any(perf.runs[i].engine is e for e in started):
             started.append(perf.restart_engine(i))
         passes = [perf.remeasure(i, salt + k) for k in range(times)]
-        again = [baseline.result_entry(replace(perf.runs[i], result=r), i) for r in passes if not r.invalid]
+        # a pass that failed a request, or whose client fell behind, clears nothing
+        again = [baseline.result_entry(replace(perf.runs[i], result=r), i) for r in passes if not (r.invalid or r.failed)]
         out[pos] = baseline.best_of([entry, *again])
     return out
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import math
+import numbers
 import time
 import warnings
 import weakref
@@ -396,14 +397,16 @@ def with_unanswered(trace: RunTrace, workload: Workload) -> RunTrace:
 def _sweep_values(concurrency: Sequence[int] | None, rates: Sequence[float] | None) -> tuple[str, list[float]]:
     if (concurrency is None) == (rates is None):
         raise ValueError("llmperf.sweep takes exactly one of concurrency=[...] or rates=[...]")
-    kind, values = ("concurrency", concurrency) if concurrency is not None else ("rate", rates)
-    if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0
-                         for v in values):
-        raise ValueError(f"sweep {kind} values must be a non-empty list of finite positive numbers, got {values!r}")
-    if kind == "concurrency" and any(v != int(v) for v in values):
-        raise ValueError(f"sweep concurrency values must be whole numbers of requests in flight, got {values!r}")
+    kind, given = ("concurrency", concurrency) if concurrency is not None else ("rate", rates)
+    if not given or any(isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0
+                        for v in given):
+        raise ValueError(f"sweep {kind} values must be a non-empty list of finite positive numbers, got {given!r}")
+    if kind == "concurrency" and any(v != int(v) for v in given):
+        raise ValueError(f"sweep concurrency values must be whole numbers of requests in flight, got {given!r}")
+    # plain Python numbers (numpy's too): each point's label and its workload factory see 4, not np.int64(4)
+    values = [int(v) if kind == "concurrency" or isinstance(v, numbers.Integral) else float(v) for v in given]
     if len(set(values)) != len(values):
-        raise ValueError(f"sweep {kind} values {values!r} repeat a value: each point is measured once")
+        raise ValueError(f"sweep {kind} values {given!r} repeat a value: each point is measured once")
     return kind, sorted(values)
 
 

@@ -51,7 +51,7 @@ class Sweep:
     @property
     def capped(self) -> bool:
         """Whether every load held, the largest included: the capacity is at least that load, not found."""
-        return bool(self.points) and self.capacity() == max(self.values)
+        return bool(self.points and self.under) and self.capacity() == max(self.values)
 
     def pareto(self, latency: str = "p99_tpot_ms") -> list[SweepPoint]:
         """Points no other point beats on both output throughput (higher) and `latency` (lower)."""

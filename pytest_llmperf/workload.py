@@ -120,13 +120,19 @@ class Empirical:
 LengthSpec = Union[int, tuple[int, int], Distribution]
 
 
+def _whole(value: Any) -> bool:
+    """A whole number, given as an int, a numpy integer or a float such as 16.0 (not a bool)."""
+    return (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+            and math.isfinite(value) and float(value).is_integer())
+
+
 def as_distribution(spec: LengthSpec, what: str) -> Distribution:
     if isinstance(spec, bool):
         raise TypeError(f"{what} must be an int, a (lo, hi) tuple or a distribution, not a bool")
     if isinstance(spec, (int, np.integer)):
         return Fixed(int(spec))
     if isinstance(spec, (tuple, list)) and len(spec) == 2:
-        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in spec):
+        if not all(_whole(v) for v in spec):  # (1.9, 3.9) was cut to (1, 3) without a word
             raise TypeError(f"{what}={spec!r}: a (lo, hi) range of token counts takes two whole numbers")
         return Uniform(int(spec[0]), int(spec[1]))
     if hasattr(spec, "sample") and hasattr(spec, "describe"):
@@ -247,9 +253,10 @@ class Workload:
             object.__setattr__(self, "requests", tuple(self.requests))
         if not self.requests:
             raise ValueError("a workload needs at least one request (got zero)")
-        whole = isinstance(self.concurrency, (int, np.integer)) and not isinstance(self.concurrency, bool)
-        if self.concurrency is not None and (not whole or self.concurrency < 1):
-            raise ValueError(f"concurrency={self.concurrency!r} must be a whole number of requests in flight >= 1")
+        if self.concurrency is not None:
+            if not _whole(self.concurrency) or self.concurrency < 1:
+                raise ValueError(f"concurrency={self.concurrency!r} must be a whole number of requests in flight >= 1")
+            object.__setattr__(self, "concurrency", int(self.concurrency))  # 4.0 or np.int64(4) hashes as 4
         # each request's previous turn, found once: the schedule and token ids ask for it per request
         object.__setattr__(self, "_previous", _previous_turns(self))
 

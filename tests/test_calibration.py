@@ -27,6 +27,7 @@ def test_the_bound_is_a_one_sided_prediction_bound_split_over_the_suites_compari
     assert "warning: 3 runs are few for 11 comparisons" in text
     enough = calibration.allowances({("t", "0", f"m{i}"): [0.0, 0.03, 0.06] * 5 for i in range(11)})
     assert "warning" not in calibration.table(enough)
+    assert "+ 27.0 standard deviations" in calibration.table(few, alpha=0.01)  # the alpha the allowances used
     # worse is down for throughput, up for latency
     assert calibration.worse_by("output_tokens_per_s", 100.0, 90.0) == pytest.approx(0.10)
     assert calibration.worse_by("p50_ttft_ms", 100.0, 90.0) == pytest.approx(-0.10)

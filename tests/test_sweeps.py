@@ -141,6 +141,10 @@ def test_a_point_over_capacity_or_behind_its_schedule_does_not_hold_and_only_sat
     assert _invalid("t", perf) == ""
     assert [e.label for e in entries(SimpleNamespace(runs=[], sweeps=[over]))] == ["s:capacity"]
 
+    # a sweep without under= has no capacity to judge its overload: a saturated point leaves it invalid
+    plain = Sweep("rate", "s", (point(1, 100, 10), saturated))
+    perf = SimpleNamespace(sweeps=[plain], results=[p.result for p in plain.points], sweep_labels={"s@1", "s@4"})
+    assert "result 's@4': the engine saturated" in _invalid("t", perf) and not plain.capped
     late = Sweep("rate", "s", (point(1, 100, 10), behind), {"p99_tpot_ms": 40})
     assert late.capacity() == 1
     perf = SimpleNamespace(sweeps=[late], results=[p.result for p in late.points], sweep_labels={"s@1", "s@2"})

@@ -129,3 +129,12 @@ def test_closed_loop_and_round_trip():
 def test_bad_input_is_a_clear_error(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
         make()
+
+
+def test_whole_numbers_given_as_floats_or_numpy_values_are_the_same_workload():
+    import numpy as np
+
+    plain = Workload.closed_loop(4, 8, (16, 32), 8, seed=3)
+    for concurrency, prompt in ((4.0, (16.0, 32)), (np.int64(4), (np.int64(16), 32)), (4, (np.float64(16), 32.0))):
+        again = Workload.closed_loop(concurrency, 8, prompt, 8, seed=3)
+        assert again.concurrency == 4 and type(again.concurrency) is int and again.hash == plain.hash
