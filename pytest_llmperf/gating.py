@@ -18,6 +18,7 @@ from . import baseline, calibration, markers, remeasure
 from .baseline import BaselineError, Entry, Verdict, label_of, result_entry
 from .cpu import cpu_name
 from .runner import LLMPerf
+from .validity import over_capacity
 
 # compare: judge against the stored baseline, a missing or stale one is reported; require: as compare,
 # and a test whose results are not all compared fails (the pull-request gate); update: record; off
@@ -49,8 +50,8 @@ def entries(perf: LLMPerf) -> list[Entry]:
     # a bisection measures different rates each run: only its capacity can be compared
     searched = {p.result.label for s in perf.sweeps if s.searched for p in s.points}
     # a point over capacity (saturated: its percentiles measure the run's length) is compared through the capacity
-    over = {p.result.label for s in perf.sweeps if s.under for p in s.points if p.result.invalid}
-    points = [result_entry(run, i) for i, run in enumerate(perf.runs) if run.result.label not in searched | over]
+    left_out = searched | over_capacity(perf.sweeps)
+    points = [result_entry(run, i) for i, run in enumerate(perf.runs) if run.result.label not in left_out]
     curves = [
         Entry(label=f"{s.label}:capacity", workload_hash=_curve_hash(s), deterministic=False,
               metrics={"capacity": s.capacity()}, per_repeat=[])

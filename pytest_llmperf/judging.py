@@ -25,7 +25,7 @@ from .runner import LLMPerf
 from .selection import uses_plugin
 from .session import LIMITS, SESSION, Session, engine_options, gate_option, model_option
 from .soak import baseline_id
-from .validity import is_saturation
+from .validity import over_capacity
 
 UNREADABLE_BASELINE = pytest.StashKey[bool]()
 
@@ -121,11 +121,9 @@ def _changes(state: Session, test_id: str, perf: LLMPerf | None) -> list[str]:
 def _invalid(test_id: str, perf: LLMPerf | None) -> str:
     """Why this test's results are not a valid measurement (validity.py); "" when they are. An invalid
     result is neither judged against limits nor compared with or written to a baseline."""
-    # a point of a capacity curve (a sweep with under=) that the engine could not keep up with is over capacity,
-    # which the curve judges (sweep.holds): overload is what a capacity search looks for
-    points = {p.result.label for s in (perf.sweeps if perf else []) if s.under for p in s.points}  # curves with a capacity
+    over = over_capacity(perf.sweeps if perf else [])
     bad = [(r.label or str(i), r.invalid) for i, r in enumerate(perf.results if perf else [])
-           if r.invalid and not (r.label in points and is_saturation(r.invalid))]
+           if r.invalid and r.label not in over]
     if not bad:
         return ""
     return (f"llmperf: {test_id}: not a valid measurement (neither judged nor gated, no baseline written):\n"
@@ -146,7 +144,7 @@ def _resent_note(perf: LLMPerf | None) -> tuple[tuple[str, str], ...]:
 
 def _capped_note(perf: LLMPerf | None) -> tuple[tuple[str, str], ...]:
     """Sweeps whose largest load held: their capacity is a lower bound (a baseline of it cannot show a gain)."""
-    capped = [s for s in (perf.sweeps if perf else []) if s.under and s.capped]
+    capped = [s for s in (perf.sweeps if perf else []) if s.capped]
     if not capped:
         return ()
     return (("llmperf sweeps", "\n".join(

@@ -21,7 +21,7 @@ from .sweep import Sweep, SweepPoint, holds, unknown_latency_metrics
 from .timing import PhaseTimes
 from .trace import GpuSample, Roofline, RunTrace, SequenceTrace
 from .validity import why_invalid
-from .workload import Workload
+from .workload import Workload, whole_number
 
 WARMUP_REQUESTS = 4
 # "quick": a few requests load kernels and allocate buffers (enough on a CPU). "steady": then whole
@@ -401,7 +401,7 @@ def _sweep_values(concurrency: Sequence[int] | None, rates: Sequence[float] | No
     if not given or any(isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0
                         for v in given):
         raise ValueError(f"sweep {kind} values must be a non-empty list of finite positive numbers, got {given!r}")
-    if kind == "concurrency" and any(v != int(v) for v in given):
+    if kind == "concurrency" and not all(whole_number(v) for v in given):
         raise ValueError(f"sweep concurrency values must be whole numbers of requests in flight, got {given!r}")
     # plain Python numbers (numpy's too): each point's label and its workload factory see 4, not np.int64(4)
     values = [int(v) if kind == "concurrency" or isinstance(v, numbers.Integral) else float(v) for v in given]

@@ -25,10 +25,14 @@ the first turns count (the ones it schedules): a later turn's TTFT grows with it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from .trace import RunTrace, SequenceTrace
 from .workload import Workload
+
+if TYPE_CHECKING:
+    from .sweep import Sweep
 
 LATE_S = 0.1
 LATE_SHARE = 0.05
@@ -98,10 +102,10 @@ def saturated(traces: Sequence[RunTrace], workload: Workload) -> str:
     return ""
 
 
-def is_saturation(reason: str) -> bool:
-    """Whether a result is invalid only because the engine fell behind its open-loop load: a sweep point over
-    capacity, which its curve judges (sweep.holds), rather than a measurement that went wrong."""
-    return reason.startswith(SATURATED)
+def over_capacity(sweeps: Iterable[Sweep]) -> set[str]:
+    """The points of capacity curves (sweeps with `under=`) that the engine could not keep up with: what a capacity
+    search looks for, judged through its curve (sweep.holds) rather than as measurements that went wrong."""
+    return {p.result.label for s in sweeps if s.under for p in s.points if p.result.invalid.startswith(SATURATED)}
 
 
 def ttft_rise(trace: RunTrace, workload: Workload) -> tuple[float, float, float] | None:

@@ -120,7 +120,7 @@ class Empirical:
 LengthSpec = Union[int, tuple[int, int], Distribution]
 
 
-def _whole(value: Any) -> bool:
+def whole_number(value: Any) -> bool:
     """A whole number, given as an int, a numpy integer or a float such as 16.0 (not a bool)."""
     return (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
             and math.isfinite(value) and float(value).is_integer())
@@ -132,7 +132,7 @@ def as_distribution(spec: LengthSpec, what: str) -> Distribution:
     if isinstance(spec, (int, np.integer)):
         return Fixed(int(spec))
     if isinstance(spec, (tuple, list)) and len(spec) == 2:
-        if not all(_whole(v) for v in spec):  # (1.9, 3.9) was cut to (1, 3) without a word
+        if not all(whole_number(v) for v in spec):  # (1.9, 3.9) was cut to (1, 3) without a word
             raise TypeError(f"{what}={spec!r}: a (lo, hi) range of token counts takes two whole numbers")
         return Uniform(int(spec[0]), int(spec[1]))
     if hasattr(spec, "sample") and hasattr(spec, "describe"):
@@ -254,7 +254,7 @@ class Workload:
         if not self.requests:
             raise ValueError("a workload needs at least one request (got zero)")
         if self.concurrency is not None:
-            if not _whole(self.concurrency) or self.concurrency < 1:
+            if not whole_number(self.concurrency) or self.concurrency < 1:
                 raise ValueError(f"concurrency={self.concurrency!r} must be a whole number of requests in flight >= 1")
             object.__setattr__(self, "concurrency", int(self.concurrency))  # 4.0 or np.int64(4) hashes as 4
         # each request's previous turn, found once: the schedule and token ids ask for it per request
