@@ -67,12 +67,29 @@ def summarize_if_terminated(config: pytest.Config, exitstatus: int) -> None:
     """A session that SIGTERM ended through the plugin's handler (`timeout`, a CI job's time limit) still
     reports what it judged: pytest prints no summary for exit status 143, which would lose every failure
     text and the llmperf summary and report of the tests that finished before the signal."""
-    if not config.stash.get(_TERMINATED, False):
+    if not was_terminated(config):
         return
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None or reporter.no_summary or hasattr(config, "workerinput"):
         return
     config.hook.pytest_terminal_summary(terminalreporter=reporter, exitstatus=exitstatus, config=config)
+
+
+def was_terminated(config: pytest.Config) -> bool:
+    return config.stash.get(_TERMINATED, False)
+
+
+def exit_if_terminated(config: pytest.Config) -> None:
+    """End a session that SIGTERM ended and code then kept going. The handler's `pytest.exit` raises an
+    `Exception`, so code that catches `Exception` where the signal lands (a request counted as failed, a
+    picture that could not be drawn, a test's own `try`) swallows it, and the session went on starting the
+    next tests' engines after its job was cancelled. Called at each test's boundaries, before its fixtures."""
+    if was_terminated(config):
+        _exit_terminated()
+
+
+def _exit_terminated() -> None:
+    pytest.exit("llmperf: terminated by SIGTERM; engines stopped before exit", returncode=128 + signal.SIGTERM)
 
 
 def deactivate(config: pytest.Config) -> None:
@@ -131,7 +148,7 @@ def _stop_engines_on_sigterm(config: pytest.Config) -> None:
     def on_sigterm(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         config.stash[_TERMINATED] = True
-        pytest.exit("llmperf: terminated by SIGTERM; engines stopped before exit", returncode=128 + signum)
+        _exit_terminated()
 
     signal.signal(signal.SIGTERM, on_sigterm)
     config.stash[_SIGTERM_HANDLER] = on_sigterm

@@ -108,6 +108,14 @@ def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Ite
     return [line for line in lines if line]
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[Any]:
+    activation.exit_if_terminated(item.config)  # a SIGTERM swallowed: no next test, no engine started for it
+    result = yield
+    activation.exit_if_terminated(item.config)
+    return result
+
+
 @pytest.hookimpl(tryfirst=True)  # before fixtures: no engine starts for a test with a bad marker
 def pytest_runtest_setup(item: pytest.Item) -> None:
     selection.skip_other_hardware(item)
@@ -128,6 +136,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     try:
         with item.config.stash[SESSION].pool.times.timed("judging"):
             _judge_report(item, report, call)
+    except pytest.exit.Exception:  # SIGTERM while judging: this test unjudged, the session ends after it
+        report.outcome = "failed"
+        report.longrepr = f"llmperf: {item.nodeid}: not judged: the session was terminated (SIGTERM) while judging it"
     except Exception as e:  # an input no check foresaw, or a fault of the plugin: this test fails, the session goes on
         report.outcome = "failed"
         report.longrepr = (f"llmperf: {item.nodeid}: could not judge this test ({type(e).__name__}: {e}); the other "

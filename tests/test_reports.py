@@ -260,6 +260,61 @@ def test_c_stopped(hf_engine, llmperf):
     assert (pytester.path / "rep" / "summary.md").exists()
 
 
+SWALLOWED = {
+    # the signal lands in code that catches Exception (pytest.exit raises one): the test's own try block ...
+    "in the test body": ("", """
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+    except Exception:
+        pass
+"""),
+    # ... or the plugin's judging, which turns an unforeseen error into that test's failure
+    "while judging": ("""
+import os, signal
+from pytest_llmperf import judging
+
+_judge = judging.judge
+
+def judge(item, perf):
+    if item.name == "test_a_signalled":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return _judge(item, perf)
+
+judging.judge = judge
+""", ""),
+}
+
+
+@pytest.mark.parametrize("where", SWALLOWED)
+def test_a_sigterm_that_code_swallowed_still_ends_the_session_before_the_next_test(pytester, where):
+    """On the H100 (2026-12-07) a `timeout` SIGTERM landed while a test was judged: the plugin counted it as
+    that test's error and went on, starting the next tests' engines after the job was cancelled."""
+    conftest, body = SWALLOWED[where]
+    pytester.makeconftest(conftest)
+    pytester.makepyfile(test_s=f"""
+import os, signal, time
+from pytest_llmperf import Workload
+
+W = Workload.offline(4, prompt_len=16, output_len=4, seed=1)
+
+def test_a_signalled(hf_engine, llmperf):
+    llmperf.run(hf_engine, W, label="a")
+{body}
+
+def test_b_never_started(hf_engine, llmperf):
+    llmperf.run(hf_engine, W, label="b")
+""")
+    result = pytester.runpytest_subprocess("--llmperf-engine=hf", "--llmperf-report=rep", "-p", "no:cacheprovider",
+                                           "-v", timeout=300)
+    out = result.stdout.str()
+    assert result.ret == 143, out
+    assert "terminated by SIGTERM" in out + result.stderr.str()
+    assert "test_b_never_started" not in out, out
+    if where == "while judging":
+        assert "not judged: the session was terminated (SIGTERM) while judging it" in out
+
+
 def test_the_baseline_count_names_every_test_the_gate_met_those_that_failed_first_too():
     """A test that failed its limits (or whose result was invalid) never reaches its baseline: the summary
     counts it as not compared, so that its tests add up to the session's. A test that passed without a
