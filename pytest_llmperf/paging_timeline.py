@@ -100,8 +100,10 @@ def _overall(old: Timeline, new: Timeline) -> str:
     parts = [f"{len(old.steps)} -> {len(new.steps)} steps", f"{old.preemptions} -> {new.preemptions} preemptions"]
     if first[0] != first[1]:
         parts.append(f"first preemption at step {_step(first[0])} -> {_step(first[1])}")
-    moved = sum((_preemption_events(old) - _preemption_events(new)).values())
-    if moved:  # the count alone hides preemptions that happened at other steps or to other requests
+    gone = sum((_preemption_events(old) - _preemption_events(new)).values())
+    came = sum((_preemption_events(new) - _preemption_events(old)).values())
+    if moved := min(gone, came):  # the count alone hides preemptions that happened at other steps or to other
+        # requests; those of the baseline with no new one to stand for did not move, they are gone (the count says)
         parts.append(f"{moved} of the baseline's preemptions at another step or of another request")
     return ", ".join(parts)
 

@@ -31,8 +31,8 @@ def test_the_first_divergence_names_the_step_and_what_each_side_did():
     text = first_divergence(Timeline.of(BASE), Timeline.of(moved))
     assert text.startswith("paging timeline diverged at step 4: baseline 3 running, 3 waiting, 12 blocks in use, "
                            "preempted 3; current 4 running, 2 waiting, 13 blocks in use;")
-    assert text.endswith("7 -> 7 steps, 1 -> 0 preemptions, first preemption at step 4 -> -, 1 of the baseline's "
-                         "preemptions at another step or of another request")
+    # a preemption that did not happen at all is not one that moved
+    assert text.endswith("7 -> 7 steps, 1 -> 0 preemptions, first preemption at step 4 -> -")
     assert first_divergence(Timeline.of(BASE), Timeline.of(BASE)) is None
     longer = first_divergence(Timeline.of(BASE), Timeline.of([*BASE, sample(1, 0, 4)]))
     assert "at step 7: baseline had ended; current 1 running" in longer and "7 -> 8 steps" in longer
@@ -48,6 +48,11 @@ def test_preemptions_that_moved_are_counted_even_when_their_number_did_not_chang
     assert text.startswith("paging timeline diverged at step 8:")
     assert text.endswith("10 -> 10 steps, 2 -> 2 preemptions, 1 of the baseline's preemptions at another step or "
                          "of another request")
+    fewer = list(later)
+    fewer[5] = sample(3, 3, 12)  # and request 3 no longer preempted at all: one moved, one gone
+    text = first_divergence(Timeline.of(base), Timeline.of(fewer))
+    assert text.endswith("2 -> 1 preemptions, first preemption at step 5 -> 9, 1 of the baseline's preemptions at "
+                         "another step or of another request")
 
 
 def test_a_moved_timeline_fails_under_strict_and_is_reported_under_summary():
