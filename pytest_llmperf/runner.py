@@ -284,12 +284,20 @@ class LLMPerf:
             return old
         live = self.restart(old)
         if live is not old:
+            mode = self._warmup_had(old, index)
             self.runs[:] = [replace(r, engine=live) if r.engine is old else r for r in self.runs]
-            self._warm(live, index)
+            self._warm(live, mode, index)
         return live
 
-    def _warm(self, engine: Engine, index: int) -> None:
-        mode = self._warmup(True)
+    def _warmup_had(self, old: Engine, index: int) -> str | None:
+        """The warm-up `old` had when its results were measured: the most any of them had (a sweep's later
+        points ride on its first point's), none where none took one. An engine started in its place gets the
+        same: the session's mode would give a run measured cold, or after a quick warm-up, a steady one (and a
+        steady engine's noise allowance) in its second look: better warmed than its baseline, a regression hidden."""
+        had = {r.result.warmup for r in self.runs if r.engine is old} | {self.runs[index].result.warmup}
+        return next((m for m in ("steady", "quick") if m in had), None)
+
+    def _warm(self, engine: Engine, mode: str | None, index: int) -> None:
         if mode is not None:
             with self.times.timed("warm-up"):
                 self._warm_up(engine, self.runs[index].workload, mode)
@@ -302,8 +310,9 @@ class LLMPerf:
             return engine
         live = self.revive(engine)
         if live is not engine:
+            mode = self._warmup_had(engine, index)
             self.runs[index] = replace(self.runs[index], engine=live)
-            self._warm(live, index)
+            self._warm(live, mode, index)
         return live
 
     def _again(self, engine: Engine, workload: Workload, repeats: int, label: str, salt: int,

@@ -523,6 +523,34 @@ def test_a_suspected_regression_is_measured_again_in_a_fresh_engine_start(tmp_pa
     assert "'0' regressed in its first pass and was measured again" in verdict.message
 
 
+@pytest.mark.parametrize("warmup, session_mode, expected", [
+    (False, "steady", (0, 0)),  # measured cold: started again, it stays cold
+    ("quick", "steady", (1, 0)),  # a quick warm-up, not the session's steady one (whole passes)
+    (True, "steady", (1, 3)),  # the session's mode, as it was first warmed (three whole passes)
+])
+def test_an_engine_started_again_is_warmed_up_as_its_run_was(tmp_path, warmup, session_mode, expected):
+    """The second look's fresh engine got the session's warm-up whatever its run had taken: a run measured
+    cold was compared again after a steady warm-up, better warmed than its baseline. FAKE engines."""
+    from fake_engine import WORKLOAD, FakeWarmingEngine
+
+    from pytest_llmperf.gating import GateConfig, gate
+    from pytest_llmperf.runner import LLMPerf
+
+    gated(tmp_path, "update", [1.0])
+    started = []
+
+    def restart(engine):
+        started.append(FakeWarmingEngine([1.01]))
+        return started[-1]
+
+    perf = LLMPerf(restart=restart, warmup_mode=session_mode)
+    perf.run(FakeWarmingEngine([1.3]), WORKLOAD, warmup=warmup)
+    gate("t", perf, GateConfig("compare", tmp_path, 0.10, "cpu", "m", 2), {}, {})
+    quick = sum(n < len(WORKLOAD) for n, _, _ in started[0].passes)
+    steady = sum(n == len(WORKLOAD) and salt >= 10_000 for n, salt, _ in started[0].passes)
+    assert (quick, steady) == expected, started[0].passes
+
+
 def test_retries_zero_judges_the_first_pass_alone(tmp_path):
     gated(tmp_path, "update", [1.0], retries=0)
     assert stored_entry(tmp_path)["passes"] == 1
