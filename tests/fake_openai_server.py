@@ -51,6 +51,8 @@ class _Handler(BaseHTTPRequestHandler):
                   else len(body["prompt"]))
         fault = self.server.faults.get(length, "ok")
         self.server.auth.append(self.headers.get("Authorization"))
+        self.server.prompts.append(body["messages"][-1]["content"] if chat else body["input"] if responses
+                                   else body["prompt"])
         if fault == "drop" or (fault == "drop once" and length not in self.server.dropped):
             self.server.dropped.add(length)  # closed, no answer: as a keep-alive connection
             self.close_connection = True  # the server closed as it was reused looks to the client
@@ -69,6 +71,8 @@ class _Handler(BaseHTTPRequestHandler):
                     self.wfile.flush()
                 except OSError:  # the client gave up on it
                     return
+        if fault == "hold":  # busy for hold_s before its first token: requests that stay in flight a while
+            time.sleep(self.server.hold_s)
         if fault == "empty":  # ended at once, no token: as a server that aborted the request answers
             self.wfile.write(b'data: {"choices": [{"index": 0, "text": "", "token_ids": [], "finish_reason": "abort"}]}\n\n')
             self.wfile.write(b"data: [DONE]\n\n")
@@ -133,11 +137,11 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class FakeServer:
-    """`faults` maps a prompt length (a chat prompt's: its words) to "500", "cut", "slow", "empty", "drop" (the
-    connection closed before any answer), "drop once" (so the first time only), or for chat "reasoning" (half
-    the tokens streamed as reasoning first), "reasoning only" and "tool call" (the Responses API, at
-    /v1/responses, takes "reasoning", "cut" and "failed"); every other request succeeds. `/health`
-    answers 404 (a server without one) until `health` is set to a status."""
+    """`faults` maps a prompt length (a chat prompt's: its words) to "500", "cut", "slow", "empty", "hold" (its
+    first token after `hold_s`), "drop" (the connection closed before any answer), "drop once" (so the first
+    time only), or for chat "reasoning" (half the tokens streamed as reasoning first), "reasoning only" and
+    "tool call" (the Responses API, at /v1/responses, takes "reasoning", "cut" and "failed"); every other
+    request succeeds. `/health` answers 404 (a server without one) until `health` is set to a status."""
 
     def __init__(self, faults: dict[int, str]):
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
@@ -147,6 +151,8 @@ class FakeServer:
         self.httpd.dropped_health = 0  # this many /health requests after the first get no answer at all
         self.httpd.health_calls = 0
         self.httpd.auth = []
+        self.httpd.prompts = []  # every prompt received, in order: token ids, or text (a chat's last message)
+        self.httpd.hold_s = 0.5  # how long a "hold" request waits before its first token
         self.httpd.dropped = set()  # prompt lengths whose request was closed without an answer
         self.httpd.pages = {}  # path -> body of a GET answered with 200
         self.httpd.refuse_token_ids = False  # answer token-id prompts with HTTP 422, as TGI does

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -33,7 +34,8 @@ def free_port() -> int:
 
 
 def flags(options: dict[str, Any]) -> list[str]:
-    """Options as command-line flags: True -> --flag, False -> --no-flag, else --flag value."""
+    """Options as command-line flags, as vLLM's parser (vllm/engine/arg_utils.py, 0.32) reads them: True ->
+    --flag, False -> --no-flag, a mapping -> --flag JSON, a list -> --flag item item (nargs="+"), else --flag value."""
     out: list[str] = []
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
@@ -41,9 +43,27 @@ def flags(options: dict[str, Any]) -> list[str]:
             out.append(flag)
         elif value is False:
             out.append("--no-" + key.replace("_", "-"))
+        elif isinstance(value, (list, tuple)):
+            out += [flag, *map(_value, _items(key, value))]
         elif value is not None:
-            out += [flag, str(value)]
+            out += [flag, _value(value)]
     return out
+
+
+def _items(key: str, value: list[Any] | tuple[Any, ...]) -> list[Any] | tuple[Any, ...]:
+    """A list option's items; an empty list has no command-line form (vLLM's lists take one value or more, and
+    its own --config loader drops an empty one, which would silently give the default instead)."""
+    if not value:
+        raise EngineError(f"server option {key}=[] cannot be written as a command-line flag (it takes one value or "
+                          f"more): leave {key} out for the server's default, or set it inside a JSON config option "
+                          "(e.g. compilation_config={...}) where an empty list means what it says")
+    return value
+
+
+def _value(value: Any) -> str:
+    """One value as a command line takes it: a mapping as JSON (vLLM refuses Python's repr, single quotes, with
+    "Invalid JSON"), anything else as its text."""
+    return json.dumps(value) if isinstance(value, Mapping) else str(value)
 
 
 class LocalServer:

@@ -3,8 +3,9 @@
 One small mapping per server family, each with the server version and the source file its names were
 read from. The `openai` engine scrapes `/metrics` during a run and reads it through the family's
 dialect, detected from the names the server returns (`detect`) or set with the engine option
-`metrics_dialect`. Fields a family does not export stay "not measured", never a false 0; KV
-fragmentation needs per-block token counts that no family's `/metrics` carries.
+`metrics_dialect`. Fields a family does not export, or a server did not send in a run, stay "not
+measured", never a false 0; KV fragmentation needs per-block token counts that no family's `/metrics`
+carries.
 
 The plugin's fields (units as in `trace.KVSample`):
 
@@ -36,6 +37,25 @@ COUNTERS = frozenset({"preemptions", "prefix_queries", "prefix_hits", "prompt_to
 SHARES = frozenset({"usage"})
 
 
+# the fields each KV metric is read from (usage: its own gauge, or blocks used of blocks in all)
+NEEDS: Mapping[str, tuple[str, ...]] = {"usage": ("usage", "blocks_used", "blocks_total"),
+                                        "preemptions": ("preemptions",),
+                                        "prefix_hit_rate": ("prefix_queries", "prefix_hits")}
+
+
+def measures_of(fields: Iterable[str]) -> frozenset[str]:
+    """The KV metrics (metrics.KV_FIELDS names) that these plugin fields give."""
+    has = set(fields)
+    out = set()
+    if "usage" in has or {"blocks_used", "blocks_total"} <= has:
+        out.add("usage")
+    if "preemptions" in has:
+        out.add("preemptions")
+    if {"prefix_queries", "prefix_hits"} <= has:
+        out.add("prefix_hit_rate")
+    return frozenset(out)
+
+
 @dataclass(frozen=True)
 class Dialect:
     family: str
@@ -49,16 +69,24 @@ class Dialect:
     verified: str = "mapped from source only"  # or what was run against a real server here
 
     def measures(self) -> frozenset[str]:
-        """The KV metrics (metrics.KV_FIELDS names) this family's `/metrics` can give."""
-        has = set(self.names) | set(self.constants) | {f for labels in self.info.values() for f in labels.values()}
-        out = set()
-        if "usage" in has or {"blocks_used", "blocks_total"} <= has:
-            out.add("usage")
-        if "preemptions" in has:
-            out.add("preemptions")
-        if {"prefix_queries", "prefix_hits"} <= has:
-            out.add("prefix_hit_rate")
-        return frozenset(out)
+        """The KV metrics (metrics.KV_FIELDS names) this family's `/metrics` can give. What one run measured
+        is `measures_of` the fields its scrapes carried: a server may export fewer than its family's table."""
+        return measures_of(set(self.names) | set(self.constants)
+                           | {f for labels in self.info.values() for f in labels.values()})
+
+    def missing(self, present: Iterable[str]) -> dict[str, str]:
+        """Each KV metric this family can give that `present` (the fields a run's scrapes carried) cannot, and
+        why: the server's metric names that were not sent."""
+        present = set(present)
+        out = {}
+        for measure in self.measures() - measures_of(present):
+            fields = [f for f in NEEDS[measure] if f not in present]
+            absent = [name for f in fields for name in self.names.get(f, ())] or fields
+            out[measure] = (f"the server's {self.path} did not send {', '.join(absent)} in every scrape of this "
+                            f"run ({self.family}'s names, read from {self.source}), and a metric not sent is never "
+                            f"read as 0: run a server version that exports it, or leave limits on {measure} off "
+                            "for this server")
+        return out
 
     def read(self, text: str) -> dict[str, float]:
         """The plugin's fields from one scrape's exposition text (only those the server sent)."""
@@ -71,8 +99,10 @@ class Dialect:
                 by_name.setdefault(name, []).append(f)
         out: dict[str, float] = {}
         series: dict[str, int] = {}
+        seen: set[str] = set()
         for name, labels, value in rows:
             name = name.removesuffix("_total")
+            seen.add(name)
             for f in by_name.get(name, ()):
                 out[f] = out.get(f, 0.0) + value
                 series[f] = series.get(f, 0) + 1
@@ -81,6 +111,9 @@ class Dialect:
                     out[f] = float(labels[label])
         for f in SHARES & out.keys():
             out[f] /= series[f]
+        # a sum with one of its metrics not sent would count that one as 0: the field is not sent either
+        for f in [f for f in out if f in self.names and not set(self.names[f]) <= seen]:
+            del out[f]
         if not out:
             return out  # nothing of this family: constants alone would claim a measurement
         out.update({k: v for k, v in self.constants.items() if k not in out})

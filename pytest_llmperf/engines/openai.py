@@ -13,6 +13,11 @@ TensorRT-LLM, llama.cpp; detected from what the server returns, or set with `met
 Fragmentation needs per-block token counts that `/metrics` does not carry, so it is reported as not
 measured.
 
+At most `max_connections` requests are in flight: a request beyond them waits for a connection, and its clock
+starts when it is sent (an open-loop request so delayed is sent late, and its result says so: `validity`);
+/health and /metrics are asked on connections of their own. Every run's prompts are new to the server (its
+prefix cache serves no pass what another sent: `_pass_salt`), of the workload's lengths and shared prefixes.
+
 The API key is read from the environment variable named by `api_key_env` at each request; neither
 the key nor its value is stored in the configuration, reports or baselines.
 """
@@ -21,9 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import math
 import os
+import secrets
 import statistics
 import time
 import warnings
@@ -45,6 +52,9 @@ SLOW_HEALTH_LIMIT = 3  # /health timeouts in a row (each HEALTH_TIMEOUT_S) that 
 # after 5 s (uvicorn's default, so vllm serve's and SGLang's; llama.cpp's), and a request sent on one as the
 # server closes it fails with "Server disconnected without sending a response" (httpx's own expiry is 5 s).
 KEEPALIVE_EXPIRY_S = 2.0
+# /health and /metrics go on connections of their own, never queued behind requests waiting for theirs: one for
+# /health, one for the periodic scrape, one for a scrape sent at a first token (at most one of each in flight)
+MONITOR_CONNECTIONS = 3
 
 ENDPOINTS = {"completions": "/completions", "chat": "/chat/completions", "responses": "/responses"}
 
@@ -53,7 +63,7 @@ DEFAULTS: dict[str, Any] = {
     "model": None,  # the server's first model when None
     "api_key_env": "OPENAI_API_KEY",
     "endpoint": "completions",  # "chat" (/chat/completions) or "responses" (the Responses API, /responses)
-    "max_connections": 256,
+    "max_connections": 256,  # requests in flight at most: one beyond waits for a connection before its clock starts
     "request_timeout_s": 600.0,  # the whole request, its send to its last token (and each wait for the server)
     "token_ids": True,  # send token-id prompts (completions); text otherwise
     "ignore_eos": True,  # vLLM / SGLang extension: generate exactly output_len tokens
@@ -95,6 +105,8 @@ class OpenAIEngine(Engine):
         # no token ids and no usage in the stream: the model's tokenizer counts the streamed text
         self._counter: Callable[[str], int] | None = None
         self._count_by_tokenizer = self._facts["token_counts"] == _BY_TOKENIZER
+        # mixed into every run's salt (`_pass_salt`), so that no run sends a prompt sent before to the server
+        self._nonce, self._passes = secrets.randbits(64), 0
         self.alive = True
 
     # -- server facts -----------------------------------------------------------------------
@@ -196,11 +208,17 @@ class OpenAIEngine(Engine):
     # -- running ----------------------------------------------------------------------------
     def run(self, workload: Workload, salt: int = 0) -> RunTrace:
         self.check_fits(workload)
+        if workload.concurrency and workload.concurrency > self._cfg["max_connections"]:
+            # more in flight than the client has connections for would be measured as a smaller closed loop
+            raise EngineError(f"a closed loop of concurrency {workload.concurrency} needs as many connections; this "
+                              f"engine has max_connections={self._cfg['max_connections']}: give openai_engine_factory"
+                              f"(max_connections={workload.concurrency}) (or the engine option), or a smaller concurrency")
         if self._cfg["endpoint"] == "responses" and any(r.n > 1 for r in workload.requests):
             raise EngineError("the Responses API generates one sequence a request: a workload with n > 1 "
                               "needs endpoint='completions' or 'chat'")
         self._check_health()
-        trace, down = asyncio.run(self._run(workload, salt))
+        self._passes += 1
+        trace, down = asyncio.run(self._run(workload, _pass_salt(self._nonce, self._passes, salt)))
         if down is None and any(s.error for s in trace.sequences):
             down = self._health_problem()  # failed requests of a server that went away as the run ended
         if down is not None:
@@ -223,12 +241,19 @@ class OpenAIEngine(Engine):
                               "cause (the vllm_server fixture restarts its own for the next test)")
 
     def _health_problem(self) -> str | None:
-        try:
-            status = self._httpx.get(self._root() + "/health", headers=self._headers(),
-                                     timeout=HEALTH_TIMEOUT_S).status_code
-        except self._httpx.HTTPError as e:
-            return f"is not answering ({type(e).__name__}: {e})"
-        return _health_verdict(status, self._root())
+        """What is wrong with the server by /health, under the rule of a run (`_watch_health`): a refused
+        connection or a 5xx is a server down; an answer later than HEALTH_TIMEOUT_S is a busy one (a run's
+        requests may still be leaving it), asked again, and down only after SLOW_HEALTH_LIMIT in a row."""
+        for _ in range(SLOW_HEALTH_LIMIT):
+            try:
+                status = self._httpx.get(self._root() + "/health", headers=self._headers(),
+                                         timeout=HEALTH_TIMEOUT_S).status_code
+            except self._httpx.TimeoutException:
+                continue
+            except self._httpx.HTTPError as e:
+                return f"is not answering ({type(e).__name__}: {e})"
+            return _health_verdict(status, self._root())
+        return _slow_health(SLOW_HEALTH_LIMIT)
 
     async def _watch_health(self, client: Any, down: asyncio.Event, found: list[str]) -> None:
         """Asks /health every HEALTH_POLL_S while the run lasts. A refused connection or a 5xx stops the
@@ -242,8 +267,7 @@ class OpenAIEngine(Engine):
                 slow = 0
             except self._httpx.TimeoutException:
                 slow += 1
-                problem = (f"did not answer /health within {HEALTH_TIMEOUT_S:.0f} s {slow} times in a row"
-                           if slow >= SLOW_HEALTH_LIMIT else None)
+                problem = _slow_health(slow) if slow >= SLOW_HEALTH_LIMIT else None
             except self._httpx.HTTPError as e:
                 first = e.__cause__
                 problem = (f"stopped answering ({type(first).__name__}: {first}; asked again: "
@@ -272,20 +296,16 @@ class OpenAIEngine(Engine):
                 raise again from first
 
     async def _run(self, workload: Workload, salt: int) -> tuple[RunTrace, str | None]:
-        httpx = self._httpx
-        limits = httpx.Limits(max_connections=self._cfg["max_connections"] + 1,  # one for /health
-                              max_keepalive_connections=self._cfg["max_connections"] + 1,
-                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
-        timeout = httpx.Timeout(self._cfg["request_timeout_s"], connect=10.0)
         down, found = asyncio.Event(), []
-        async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=self._headers()) as client:
-            scraper = _Scraper(client, self._root(), self._cfg["metrics_interval_s"], self._cfg["metrics_dialect"])
+        connections = _Connections(self._cfg["max_connections"])
+        async with self._requests_client() as client, self._monitor_client() as monitor:
+            scraper = _Scraper(monitor, self._root(), self._cfg["metrics_interval_s"], self._cfg["metrics_dialect"])
             await scraper.scrape()
             scraping = asyncio.create_task(scraper.loop())
-            watching = asyncio.create_task(self._watch_health(client, down, found))
+            watching = asyncio.create_task(self._watch_health(monitor, down, found))
             start = time.perf_counter()
             schedule = Schedule(workload, start)
-            tasks = [asyncio.create_task(self._one(client, workload, i, salt, schedule, down, scraper.poke))
+            tasks = [asyncio.create_task(self._one(client, workload, i, salt, schedule, connections, down, scraper.poke))
                      for i in range(len(workload.requests))]
             await _until_done_or_down(tasks, down)
             results = [t.result() for t in tasks]  # (its sequences, whether it was sent again) per request
@@ -296,20 +316,42 @@ class OpenAIEngine(Engine):
             if not down.is_set():
                 await scraper.scrape()
         sequences = tuple(s for seqs, _ in results for s in seqs)
+        extra = {"requests_sent_again": sum(again for _, again in results),
+                 "requests_waited_for_a_connection": connections.waited}
+        return self._trace(sequences, start, end, scraper, extra), (found[0] if found else None)
+
+    def _requests_client(self) -> Any:
+        """The requests' client: as many connections as requests `_Connections` lets go at once."""
+        n = self._cfg["max_connections"]
+        limits = self._httpx.Limits(max_connections=n, max_keepalive_connections=n, keepalive_expiry=KEEPALIVE_EXPIRY_S)
+        timeout = self._httpx.Timeout(self._cfg["request_timeout_s"], connect=10.0)
+        return self._httpx.AsyncClient(limits=limits, timeout=timeout, headers=self._headers())
+
+    def _monitor_client(self) -> Any:
+        """/health's and /metrics' client, apart from the requests': in their pool, behind requests waiting for a
+        connection, /health timed out and a healthy server was declared down (and scrapes went unanswered)."""
+        limits = self._httpx.Limits(max_connections=MONITOR_CONNECTIONS, max_keepalive_connections=MONITOR_CONNECTIONS,
+                                    keepalive_expiry=KEEPALIVE_EXPIRY_S)
+        return self._httpx.AsyncClient(limits=limits, timeout=self._httpx.Timeout(HEALTH_TIMEOUT_S),
+                                       headers=self._headers())
+
+    def _trace(self, sequences: tuple[SequenceTrace, ...], start: float, end: float, scraper: _Scraper,
+               extra: dict[str, Any]) -> RunTrace:
         kv = scraper.samples()
         during = scraper.scrapes_within(start, end)
+        # only what every scrape carried is measured: a metric the server did not send is never read as 0
+        measures = scraper.measures() if kv else frozenset()
+        unmeasured = scraper.missing() if kv else {}
+        answer_ms = scraper.answer_ms(start, end)
         # a busy server can answer every scrape only after the run, when its usage gauge reads 0 again:
         # then usage was not measured (counters are cumulative and stay right)
-        measures = scraper.measures() if kv else frozenset()
-        answer_ms = scraper.answer_ms(start, end)
-        unmeasured = {} if during or "usage" not in measures else {"usage": _usage_unseen(answer_ms)}
-        trace = RunTrace("openai", sequences, start, end, kv, kv_measures=measures - set(unmeasured),
-                         extra={"server_version": self.version, "metrics_scrapes_during_run": during,
-                                "metrics_answer_ms": answer_ms,
-                                "metrics_dialect": scraper.family, **scraper.server_tokens(),
-                                "requests_sent_again": sum(again for _, again in results)},
-                         unmeasured=unmeasured)
-        return trace, (found[0] if found else None)
+        if not during and "usage" in measures:
+            unmeasured["usage"] = _usage_unseen(answer_ms)
+        return RunTrace("openai", sequences, start, end, kv, kv_measures=measures - set(unmeasured),
+                        extra={"server_version": self.version, "metrics_scrapes_during_run": during,
+                               "metrics_answer_ms": answer_ms, "metrics_dialect": scraper.family,
+                               **scraper.server_tokens(), **extra},
+                        unmeasured=unmeasured)
 
     def _payload(self, workload: Workload, i: int, salt: int) -> dict[str, Any]:
         if self._cfg["endpoint"] == "responses":
@@ -340,12 +382,15 @@ class OpenAIEngine(Engine):
         return body
 
     async def _one(self, client: Any, workload: Workload, i: int, salt: int, schedule: Schedule,
-                   down: asyncio.Event, on_first_token: Callable[[], None]) -> tuple[list[SequenceTrace], bool]:
+                   connections: _Connections, down: asyncio.Event,
+                   on_first_token: Callable[[], None]) -> tuple[list[SequenceTrace], bool]:
         req = workload.requests[i]
         stream = _Stream(req.n)
         submit = time.perf_counter()
+        sent = False
         try:
-            sent = await _turn_unless_down(schedule, i, down)
+            # its clock starts once it can be sent: its turn came and a connection is free (`_Connections`)
+            sent = await _turn_unless_down(schedule, i, down) and await connections.take(down)
             submit = time.perf_counter()
             if not sent:
                 stream.error = "not sent: the server went down during the run"
@@ -356,6 +401,8 @@ class OpenAIEngine(Engine):
                 raise
             stream.error = f"cut: the server went down and this request did not end within {DOWN_GRACE_S:.0f} s"
         finally:
+            if sent:
+                connections.give()
             schedule.done(i)
         prompt_len = stream.prompt_tokens or req.prompt_len
         count = self._count_tokens if self._count_by_tokenizer else None
@@ -445,6 +492,10 @@ def _usage_unseen(answer_ms: float | None) -> str:
             "(metrics_interval_s)")
 
 
+def _slow_health(times: int) -> str:
+    return f"did not answer /health within {HEALTH_TIMEOUT_S:.0f} s {times} times in a row"
+
+
 def _health_verdict(status: int, root: str) -> str | None:
     """None for a healthy answer (200, or 404 from a server without /health); else what is wrong."""
     if status < 500:
@@ -456,14 +507,48 @@ async def _turn_unless_down(schedule: Schedule, i: int, down: asyncio.Event) -> 
     """Waits for request i's turn, but gives up as soon as the server is down (a timed workload would
     otherwise send into a dead server until its schedule ends). True: send it. The caller calls
     `schedule.done(i)` either way, which frees a closed-loop slot the request may hold."""
-    turn = asyncio.ensure_future(schedule.wait(i))
+    return await _unless_down(asyncio.ensure_future(schedule.wait(i)), down)
+
+
+async def _unless_down(waiting: asyncio.Future[Any], down: asyncio.Event) -> bool:
+    """Awaits `waiting`, but gives up on it (cancelled) as soon as the server is down. True: it ended first."""
     stop = asyncio.ensure_future(down.wait())
-    await asyncio.wait({turn, stop}, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait({waiting, stop}, return_when=asyncio.FIRST_COMPLETED)
     stop.cancel()
-    if turn.done() and not down.is_set():
+    if waiting.done() and not down.is_set():
         return True
-    turn.cancel()
+    waiting.cancel()
     return False
+
+
+class _Connections:
+    """The run's requests in flight, at most `max_connections`: one beyond waits for a connection before it is
+    sent, and its clock (its submit time) starts when it is sent. Its wait is the client's, not the server's, so
+    it is no part of its TTFT: an offline batch larger than the pool measures the server, and an open-loop request
+    sent late for want of a connection shows as late against its schedule (`validity.behind_schedule` then calls
+    the result invalid: the client did not offer the load), never as latency the server added."""
+
+    def __init__(self, n: int) -> None:
+        self._free = asyncio.Semaphore(n)
+        self.waited = 0  # requests that found every connection taken when they were due
+
+    async def take(self, down: asyncio.Event) -> bool:
+        """A connection for one request, waited for unless the server goes down meanwhile. True: it holds one
+        (`give` it back)."""
+        taking = asyncio.ensure_future(self._acquire())
+        if await _unless_down(taking, down):
+            return True
+        if taking.done() and not taking.cancelled():  # taken as the server went down: not sent, so given back
+            self._free.release()
+        return False
+
+    async def _acquire(self) -> None:
+        if self._free.locked():  # looked at as it acquires (no await between): each request counted once, rightly
+            self.waited += 1
+        await self._free.acquire()
+
+    def give(self) -> None:
+        self._free.release()
 
 
 async def _until_done_or_down(tasks: list[asyncio.Task[Any]], down: asyncio.Event) -> None:
@@ -716,8 +801,18 @@ class _Scraper:
         with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
             await asyncio.wait_for(self._edge, EDGE_WAIT_S)
 
+    def present(self) -> frozenset[str]:
+        """The fields every scrape carried: a field one scrape lacks would read as 0 in its sample."""
+        fields = [frozenset(v) for _, _, v in self.rows]
+        return frozenset.intersection(*fields) if fields else frozenset()
+
     def measures(self) -> frozenset[str]:
-        return self.dialect.measures() if self.dialect else frozenset()
+        """What the scrapes measured: the KV metrics of the fields the server sent, not its family's whole table."""
+        return metrics_dialects.measures_of(self.present()) if self.dialect else frozenset()
+
+    def missing(self) -> dict[str, str]:
+        """Each KV metric the family has that the server did not send in this run, and why (`Dialect.missing`)."""
+        return self.dialect.missing(self.present()) if self.dialect else {}
 
     def scrapes_within(self, start: float, end: float) -> int:
         """Scrapes sent while the run was in flight whose answer shows requests in the server: only they
@@ -771,6 +866,16 @@ class _Scraper:
                 prefix_hits=int(v.get("prefix_hits", 0) - base.get("prefix_hits", 0)),
             ))
         return tuple(out)
+
+
+def _pass_salt(nonce: int, run: int, salt: int) -> int:
+    """The salt one run's prompts are drawn with: the runner's `salt` (its passes, warm-up and re-measurements each
+    their own) mixed with this engine's random nonce and its count of runs. The runner gives every `llmperf.run` the
+    same salts, and a server's prefix cache (on by default in vllm serve) would serve a later pass the prompts an
+    earlier one sent, its TTFT then depending on which tests ran before. A count alone would start over in a new
+    engine of the same server (another configuration, a fresh start for a re-measurement, another pytest process),
+    hence the nonce. Only contents change: lengths, and prefixes shared within the run, are the workload's."""
+    return int.from_bytes(hashlib.blake2b(f"{nonce}:{run}:{salt}".encode(), digest_size=8).digest(), "big")
 
 
 def _words(workload: Workload, i: int, salt: int, vocab: int) -> str:
