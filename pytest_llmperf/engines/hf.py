@@ -62,6 +62,7 @@ class HFEngine(Engine):
 
         self._torch = torch
         cfg = {**DEFAULTS, **config}
+        _check_batch_size(cfg["max_batch_size"])
         cfg["device"] = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
         cfg["dtype"] = cfg["dtype"] or ("bfloat16" if cfg["device"].startswith("cuda") else "float32")
         self.model = model
@@ -71,12 +72,16 @@ class HFEngine(Engine):
             self._model = self._load(transformers, torch, model, cfg)
         except (OSError, ValueError) as e:
             raise EngineError(f"transformers could not load {model.name!r}: {e}") from e
+        self.alive = True  # from here on, shutdown() frees the weights
         hf_config = self._model.config
         self.vocab_size = int(hf_config.vocab_size)
-        limit = getattr(hf_config, "max_position_embeddings", None) or 2048
-        self.max_model_len = int(cfg["max_model_len"] or limit)
+        positions = getattr(hf_config, "max_position_embeddings", None)
+        self.max_model_len = int(cfg["max_model_len"] or positions or 2048)
+        if positions and self.max_model_len > positions:  # learned positions index past their table and crash
+            self.shutdown()
+            raise EngineOptionError(f"max_model_len={self.max_model_len} is more than {model.name!r} has positions "
+                                    f"for ({positions}, max_position_embeddings): give at most {positions}")
         self._cfg["max_model_len"] = self.max_model_len
-        self.alive = True
 
     @staticmethod
     def _load(transformers: Any, torch: Any, model: ModelSpec, cfg: dict[str, Any]) -> Any:
@@ -101,19 +106,26 @@ class HFEngine(Engine):
 
     # -- running ----------------------------------------------------------------------------
     def run(self, workload: Workload, salt: int = 0) -> RunTrace:
+        if not self.alive:
+            raise EngineError("this hf engine was shut down (the session's pool closes an engine when a test asks "
+                              "for another configuration): ask hf_engine or hf_engine_factory for it in the test "
+                              "that runs it")
         self.check_fits(workload)
-        torch = self._torch
-        if self._cfg["device"].startswith("cuda"):
-            torch.cuda.reset_peak_memory_stats()
+        torch, cuda = self._torch, self._cuda_device()
+        if cuda is not None:
+            torch.cuda.reset_peak_memory_stats(cuda)
+        # the prompts' token ids made before the clock starts, as the vLLM adapter does: the client's work,
+        # not the engine's (tens of ms for a batch of long prompts)
+        ids = [workload.token_ids(i, self.vocab_size, salt) for i in range(len(workload.requests))]
         start = time.perf_counter()
         sequences: list[SequenceTrace] = []
         kv: list[KVSample] = []
         for batch, submits in self._batches(workload, start, sequences):
-            seqs, samples = self._generate(workload, batch, submits, salt)
+            seqs, samples = self._generate(workload, batch, submits, ids)
             sequences.extend(seqs)
             kv.extend(samples)
         end = time.perf_counter()
-        peak = torch.cuda.max_memory_allocated() if self._cfg["device"].startswith("cuda") else None
+        peak = torch.cuda.max_memory_allocated(cuda) if cuda is not None else None
         sequences.sort(key=lambda s: (s.index, s.sample))
         return RunTrace("hf", tuple(sequences), start, end, tuple(kv),
                         kv_measures=frozenset({"fragmentation", "preemptions"}), framework_peak_bytes=peak)
@@ -121,7 +133,7 @@ class HFEngine(Engine):
     def _batches(self, workload: Workload, start: float, done: list[SequenceTrace]):
         """Yield (request indexes, submit times) batch by batch, honouring arrivals, the closed loop or
         a session's previous answer (a later turn is due `think_s` after it)."""
-        max_rows = self._cfg["max_batch_size"]
+        max_rows, max_len = self._cfg["max_batch_size"], self.max_model_len
         pending = list(range(len(workload.requests)))
         users = [start] * workload.concurrency if workload.concurrency else None
         answered: dict[int, float] = {}
@@ -129,7 +141,7 @@ class HFEngine(Engine):
             now = time.perf_counter()
             batch: list[int] = []
             submits: list[float] = []
-            rows = 0
+            rows = longest_prompt = longest_output = 0
             for i in list(pending):
                 req = workload.requests[i]
                 if users is not None:
@@ -141,13 +153,16 @@ class HFEngine(Engine):
                     if due is None or due > now:
                         continue
                     submit = due
-                if batch and rows + req.n > max_rows:
+                # every row of a static batch runs to the longest prompt plus the longest output
+                too_long = max(longest_prompt, req.prompt_len) + max(longest_output, req.output_len) > max_len
+                if batch and (rows + req.n > max_rows or too_long):
                     if users is not None:
                         heapq.heappush(users, submit)
                     break
                 batch.append(i)
                 submits.append(submit)
                 rows += req.n
+                longest_prompt, longest_output = max(longest_prompt, req.prompt_len), max(longest_output, req.output_len)
                 pending.remove(i)
             if not batch:
                 dues = [d for i in pending if (d := _due(workload, i, start, answered)) is not None]
@@ -163,12 +178,12 @@ class HFEngine(Engine):
                     if users is not None:  # each finished request frees its user, who sends the next one
                         heapq.heappush(users, end)
 
-    def _generate(self, workload: Workload, batch: Sequence[int], submits: Sequence[float], salt: int):
+    def _generate(self, workload: Workload, batch: Sequence[int], submits: Sequence[float],
+                  token_ids: Sequence[list[int]]):
         torch = self._torch
         rows: list[tuple[int, int, list[int]]] = []  # (request index, sample, token ids)
         for i in batch:
-            ids = workload.token_ids(i, self.vocab_size, salt)
-            rows.extend((i, s, ids) for s in range(workload.requests[i].n))
+            rows.extend((i, s, token_ids[i]) for s in range(workload.requests[i].n))
         width = max(len(ids) for _, _, ids in rows)
         pad = 0
         input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
@@ -237,9 +252,18 @@ class HFEngine(Engine):
                 tensor.data = self._torch.empty(0, dtype=tensor.dtype, device=tensor.device)
             del model
         gc.collect()
-        if self._torch.cuda.is_available():
-            self._torch.cuda.synchronize()
+        if (cuda := self._cuda_device()) is not None:  # a CPU engine starts no CUDA context in the test process
+            self._torch.cuda.synchronize(cuda)
             self._torch.cuda.empty_cache()
+
+    def _cuda_device(self) -> str | None:
+        device = str(self._cfg["device"])
+        return device if device.startswith("cuda") else None
+
+
+def _check_batch_size(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise EngineOptionError(f"max_batch_size={value!r}: give a whole number of sequences, 1 or more")
 
 
 def _due(workload: Workload, index: int, start: float, answered: dict[int, float]) -> float | None:
