@@ -222,6 +222,16 @@ def test_token_clock_stamps_every_slice_of_one_step_alike_on_a_fake_output_proce
     assert a[0].t == b[0].t == c[0].t < a[1].t and [x.n_tokens for x in a] == [1, 1]
 
 
+def test_an_offline_batch_larger_than_vllm_admits_is_refused_before_it_runs(vllm_engine_factory, monkeypatch):
+    """The recorder holds an offline batch until all of it has arrived; requests vLLM's front end refused
+    never arrive, and the batch waited for them until the run's time limit (15 minutes), then blamed the engine."""
+    monkeypatch.setenv("LLMPERF_RUN_TIMEOUT_S", "30")
+    engine = vllm_engine_factory(max_num_queued_reqs=4, **BASE)
+    with pytest.raises(ValueError, match=r"needs max_num_queued_reqs >= 8 \(the engine has 4"):
+        engine.run(Workload.offline(8, prompt_len=16, output_len=4, seed=1))
+    assert not engine.run(Workload.offline(4, prompt_len=16, output_len=4, seed=1)).failed
+
+
 def test_the_adapters_loop_passes_a_coroutines_own_timeout_error_and_is_closed_at_stop():
     # the adapter's plumbing only, no engine: a TimeoutError of the awaited call itself was taken for the
     # health poll's and retried until the run's time limit, and each stopped engine left its loop open

@@ -490,6 +490,24 @@ class VLLMEngine(Engine):
     def config(self) -> dict[str, Any]:
         return dict(self._resolved)
 
+    def check_fits(self, workload: Workload) -> None:
+        """Also the front end's admission limits, for an offline batch: the recorder hands it to the scheduler
+        only once every request of it has arrived, and a request vLLM refused (QueueOverflowError beyond
+        `max_num_queued_reqs`, MaxQueuedTokensError beyond `max_num_queued_tokens`) never arrives, so the batch
+        waited for it until the run's time limit and then blamed the engine."""
+        super().check_fits(workload)
+        if not workload.is_offline or self._llm is None:
+            return
+        sc = self._llm.vllm_config.scheduler_config
+        asked = {"max_num_queued_reqs": workload.num_sequences,
+                 "max_num_queued_tokens": sum(r.prompt_len for r in workload.requests)}
+        for option, n in asked.items():
+            limit = getattr(sc, option, None)
+            if limit is not None and n > limit:
+                raise ValueError(f"an offline batch is admitted whole, and this one needs {option} >= {n} (the "
+                                 f"engine has {limit}: vLLM would refuse the rest): raise {option} with "
+                                 "@pytest.mark.llmperf_engine, or give the workload arrival times")
+
     @property
     def fixed_kv_budget(self) -> bool:  # type: ignore[override]
         return self._resolved.get("num_gpu_blocks_override") is not None
