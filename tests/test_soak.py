@@ -40,6 +40,24 @@ def test_memory_growth_between_rounds_fails_the_session(pytester):
     assert "llmperf soak: memory grew between rounds 1 and 2: host +6" in result.stdout.str()
 
 
+def test_a_steady_leak_below_the_limit_a_round_fails_once_it_adds_up():
+    """Only the last two rounds were compared: 200 MiB a round for 50 rounds (10 GiB) passed. The rounds'
+    memory is given here (plugin mechanics); the planted leak above runs the real thing."""
+    from pytest_llmperf.soak import RoundMemory, Soak
+
+    def verdict(host):
+        soak = Soak(len(host), 256.0, None)
+        soak.memory = [RoundMemory(i + 1, mib, None) for i, mib in enumerate(host)]
+        return soak.verdict()
+
+    assert verdict([1000, 1900, 2100, 2300, 2500]) == ("llmperf soak: memory grew in every round from round 2 to 5: "
+                                                       "host +600 MiB in all (limit 256 MiB, --llmperf-soak-limit-mib)")
+    assert verdict([1000, 1900, 1950, 2000, 2050]) is None  # +150 MiB in all: within the limit
+    assert verdict([1000, 1900, 2100]) is None  # two rounds after the first: the last two's rule alone
+    assert verdict([1000, 1900, 2100, 2050, 2250]) is None  # it fell once: noise or a cache settling, not a leak
+    assert verdict([1000, 1900, 1901, 1900, 1902]) is None  # the first round's start is not growth
+
+
 def test_a_soak_of_zero_rounds_is_a_usage_error(pytester):
     pytester.makepyfile(test_s="def test_x():\n    pass\n")
     result = pytester.runpytest_inprocess("--llmperf-soak=0", "-p", "no:cacheprovider")
