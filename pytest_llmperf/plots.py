@@ -63,6 +63,7 @@ def draw(planned: Sequence[Picture]) -> list[str]:
             globals()[p.draw](*p.args, path=p.path, **p.kwargs)
         except Exception as e:  # noqa: BLE001 - one picture that cannot be drawn must not lose the others
             errors.append(f"{p.path.name}: {type(e).__name__}: {e}")
+            _pyplot().close("all")  # the figure it left open, held by pyplot for the rest of the session
     return errors
 
 
@@ -123,10 +124,12 @@ def latency_cdf(results: Sequence[PerfResult], path: Path) -> Path:
 def sweep_curve(sweep: Sweep, path: Path, latency: str = "p99_tpot_ms") -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    xs = [p.result.throughput.output_tokens_per_s for p in sweep.points]
-    ys = [p.result.flat()[latency] or 0.0 for p in sweep.points]
+    # a point without the latency (no request had two tokens) is left off, not drawn at 0 ms
+    shown = [p for p in sweep.points if p.result.flat()[latency] is not None]
+    xs = [p.result.throughput.output_tokens_per_s for p in shown]
+    ys = [p.result.flat()[latency] for p in shown]
     ax.plot(xs, ys, "o-", color="tab:blue", label=f"{sweep.kind} points")
-    for p, x, y in zip(sweep.points, xs, ys):
+    for p, x, y in zip(shown, xs, ys):
         ax.annotate(f"{p.value:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     front = sweep.pareto(latency)
     ax.scatter([p.result.throughput.output_tokens_per_s for p in front], [p.result.flat()[latency] for p in front],

@@ -63,6 +63,19 @@ def test_pareto_front_and_best_balance():
     assert s.best_balance().value == 8  # 320/30 > 100/10 > 180/20
 
 
+def test_a_sweep_point_without_the_latency_is_left_off_its_picture_not_drawn_at_0(tmp_path, monkeypatch):
+    from pytest_llmperf import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig) or path)
+    one_token = SequenceTrace(0, 0, 8, 1, 0.0, (Chunk(0.001, 1),))  # no TPOT: a single output token
+    no_tpot = SweepPoint(2, summarize([RunTrace("fake", (one_token,), 0.0, 1.0)], "h", 1, label="s@2"))
+    plots.sweep_curve(Sweep("concurrency", "s", (point(1, 100, 10), no_tpot, point(4, 300, 30))), tmp_path / "c.png")
+    line = drawn[0].axes[0].get_lines()[0]
+    assert list(line.get_xdata()) == [100, 300] and list(line.get_ydata()) == pytest.approx([10, 30], rel=0.01)
+    plots._pyplot().close(drawn[0])
+
+
 SWEEP_TEST = """
 import pytest
 from pytest_llmperf import Workload
