@@ -222,10 +222,8 @@ class PerfResult:
         unknown = set(limits_ms) - {"ttft", "tpot", "e2e", "ttfo"}
         if unknown:
             raise ValueError(f"goodput takes ttft=, tpot=, e2e=, ttfo= limits in ms, not {sorted(unknown)}")
-        good = sum(
-            all((v := getattr(s, m)) is not None and v <= lim for m, lim in limits_ms.items())
-            for s in self.sequences
-        )
+        good = sum(all((v := _goodput_value(s, m)) is not None and v <= lim for m, lim in limits_ms.items())
+                   for s in self.sequences)
         return good / self.duration_s if self.duration_s else 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -241,6 +239,13 @@ class PerfResult:
 
 
 THROUGHPUT_METRICS = ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s")
+
+
+def _goodput_value(s: SequenceMetrics, metric: str) -> float | None:
+    """A sequence's value for a goodput limit: a single output token has no TPOT, and counts as 0 ms as in
+    `vllm bench serve` (it met any TPOT limit; a sequence without a first token met none)."""
+    value = getattr(s, metric)
+    return 0.0 if value is None and metric == "tpot" and s.ttft is not None else value
 
 
 def flat_metrics(r: PerfResult) -> dict[str, float | None]:
@@ -263,7 +268,9 @@ def flat_metrics(r: PerfResult) -> dict[str, float | None]:
     for k in ("memory_peak_gib", "memory_peak_fraction", "framework_peak_gib", "energy_per_token_j",
               "memory_per_request_mib", "roofline_fraction"):
         out[f"gpu_{k}"] = getattr(r.gpu, k)
-    return out
+    # a metric one pass did not measure is not measured: the other passes' value would stand for it in a
+    # baseline comparison (which reads these names), while the limit checks already refuse it
+    return {k: None if k in r.unmeasured else v for k, v in out.items()}
 
 
 def throughput_per_gib(r: PerfResult) -> float | None:
@@ -347,7 +354,9 @@ def kv_stats(trace: RunTrace) -> KVStats:
         fragmentation_mean=frag_mean if "fragmentation" in measures else None,
         usage_peak=max(k.usage for k in samples) if "usage" in measures else None,
         usage_mean=float(np.mean([k.usage for k in busy])) if "usage" in measures and busy else None,
-        blocks_peak=max(k.blocks_used for k in samples) if first.blocks_total else None,
+        # block counts come with usage: scrapes that saw no request in flight read 0 blocks, not the peak
+        blocks_peak=max(k.blocks_used for k in samples) if first.blocks_total and "usage" not in trace.unmeasured
+        else None,
         blocks_total=first.blocks_total or None,
         block_size=first.block_size or None,
         preemptions=last.preemptions if "preemptions" in measures else None,
@@ -537,14 +546,19 @@ def _one(trace: RunTrace, gaps: list[float], workload_hash: str, n_requests: int
         ttfo=LatencyStats.of(latencies["ttfo"]),
         reasoned=sum(s.reasoning for s in trace.sequences),
     )
-    flat = flat_metrics(result)
-    return replace(result, per_repeat=(flat,), unmeasured=unmeasured_metrics(trace.unmeasured, flat))
+    result = replace(result, unmeasured=unmeasured_metrics(trace.unmeasured, flat_metrics(result)))
+    return replace(result, per_repeat=(flat_metrics(result),))
+
+
+# flat metrics a KV measure feeds besides its own `kv_<measure>*` names
+FEEDS = {"usage": ("kv_blocks_peak",)}
 
 
 def unmeasured_metrics(measures: Mapping[str, str], flat: Mapping[str, Any]) -> dict[str, str]:
-    """A KV measure's reason for each flat metric it feeds (usage: kv_usage_peak and kv_usage_mean)."""
+    """A KV measure's reason for each flat metric it feeds (usage: kv_usage_peak, kv_usage_mean and
+    kv_blocks_peak)."""
     return {name: why for measure, why in measures.items() for name in flat
-            if name == f"kv_{measure}" or name.startswith(f"kv_{measure}_")}
+            if name == f"kv_{measure}" or name.startswith(f"kv_{measure}_") or name in FEEDS.get(measure, ())}
 
 
 def _latencies(seqs: Sequence[SequenceMetrics], gaps: list[float]) -> dict[str, list[float]]:

@@ -78,7 +78,9 @@ def test_a_limit_on_a_metric_the_engine_missed_this_run_says_why():
                     kv_measures=frozenset({"usage"}))
     missed = RunTrace("fake", (seq(0, 0.0, [0.1, 0.2]),), 0.0, 0.3, (), unmeasured={"usage": why})
     r = summarize([seen, missed], "h", 1)
-    assert r.unmeasured == {"kv_usage_peak": why, "kv_usage_mean": why}
+    assert r.unmeasured == {"kv_usage_peak": why, "kv_usage_mean": why, "kv_blocks_peak": why}
+    # the pass that saw it does not stand for the one that missed it in a baseline comparison either
+    assert r.flat()["kv_usage_peak"] is None and r.flat()["kv_blocks_peak"] is None
     assert summarize([missed], "h", 1).unmeasured == r.unmeasured and summarize([seen], "h", 1).unmeasured == {}
     assert r.to_dict()["unmeasured"] == r.unmeasured  # results.json keeps the reason
     limit = assertions.parse("max_kv_usage", (0.9,), {}, None)
@@ -87,6 +89,24 @@ def test_a_limit_on_a_metric_the_engine_missed_this_run_says_why():
     # missed in one repeat of two: the repeat that missed it may be the busiest, so the other cannot pass it
     with pytest.raises(MarkerError, match=f"did not measure kv_usage_peak in every repeat of this run: {why}"):
         assertions.check(limit, [r])
+
+
+def test_block_counts_from_scrapes_that_saw_no_request_are_not_a_peak_of_0():
+    """A server answered its scrapes only after the run: usage is not measured, and the blocks in use those
+    idle scrapes read (0) were the peak a baseline compared, as an improvement."""
+    idle = (KVSample(1.2, 0, 1000, 16, 0, 0, 0), KVSample(1.3, 0, 1000, 16, 0, 0, 0))
+    trace = RunTrace("openai", (seq(0, 0.0, [0.05, 0.06]),), 0.0, 1.0, idle, kv_measures=frozenset({"preemptions"}),
+                     unmeasured={"usage": "no scrape saw a request"})
+    r = summarize([trace], "h", 1)
+    assert r.flat()["kv_blocks_peak"] is None and r.flat()["kv_preemptions"] == 0
+    assert r.unmeasured["kv_blocks_peak"] == "no scrape saw a request"
+
+
+def test_goodput_counts_a_single_token_answer_as_meeting_a_tpot_limit_as_vllm_bench_does():
+    single = [seq(i, 0.0, [0.05]) for i in range(4)]  # one output token: no TPOT
+    r = summarize([RunTrace("fake", (*single, seq(4, 0.0, [0.05, 0.06, 0.07]), seq(5, 0.0, [], error="x")),
+                            0.0, 1.0)], "h", 6)
+    assert r.goodput(ttft=100) == r.goodput(ttft=100, tpot=50) == 5.0  # the failed sequence meets neither
 
 
 def test_a_capacity_limit_s_under_may_be_given_per_hardware_whole_or_per_metric():
