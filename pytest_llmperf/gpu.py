@@ -196,8 +196,26 @@ class GpuError(RuntimeError):
     """The GPU is not in the state a measurement needs; the message says what to do."""
 
 
-def assign_devices(worker: str | None, visible: str | None, count: int,
-                   per_worker: int = 1) -> tuple[str | None, tuple[int, ...]]:
+def nvml_index(uuid: str) -> int:
+    """The NVML index of the card CUDA_VISIBLE_DEVICES names by its UUID (`GPU-...`)."""
+    why = "a MIG instance has no card of its own to sample" if uuid.startswith("MIG-") else ""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(uuid)))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as e:  # noqa: BLE001 - no library, no driver, an unknown UUID: said below
+        why = why or f"{type(e).__name__}: {e}"
+    raise GpuError(f"CUDA_VISIBLE_DEVICES names {uuid!r}, which NVML cannot map to a card's index ({why}); the "
+                   "plugin samples each card's memory through NVML by index: name the cards by index "
+                   "(`nvidia-smi -L` lists them)")
+
+
+def assign_devices(worker: str | None, visible: str | None, count: int, per_worker: int = 1,
+                   index_of: Callable[[str], int] = nvml_index) -> tuple[str | None, tuple[int, ...]]:
     """The GPUs a pytest-xdist worker takes: (value for CUDA_VISIBLE_DEVICES, their NVML indices).
 
     Outside xdist nothing changes (None) and the process uses the first `per_worker` visible GPUs.
@@ -214,9 +232,14 @@ def assign_devices(worker: str | None, visible: str | None, count: int,
         workers = len(devices) // per_worker
         fix = (f"run with -n {workers} or fewer" if workers else
                f"make {per_worker} GPUs visible, or lower tensor_parallel_size x pipeline_parallel_size")
+        if worker and workers and n >= int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or n + 1):
+            # pytest-xdist names a worker started in place of one that crashed gwN, N past the count
+            fix = ("it replaces a worker that crashed (its log above says why: often the OOM killer), and the "
+                   "card it had is not handed on; the tests it runs fail, the other workers' go on")
         raise GpuError(f"{who} needs {per_worker} GPU{'s' if per_worker > 1 else ''} of its own and has "
                        f"{len(mine)}: {len(devices)} visible ({', '.join(devices) or 'none'}), {per_worker} per worker; {fix}")
-    indices = tuple(int(d) if d.isdigit() else n * per_worker + k for k, d in enumerate(mine))
+    # a card named by UUID is found by it: its place in the list is not its NVML index
+    indices = tuple(int(d) if d.isdigit() else index_of(d) for d in mine)
     return (",".join(mine) if worker else None), indices
 
 
@@ -265,6 +288,16 @@ def memory_held_by(indices: Sequence[int], pids: frozenset[int]) -> dict[int, in
                 for index in indices}
     finally:
         pynvml.nvmlShutdown()
+
+
+def process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it exists
+        return True
+    return True
 
 
 def beside_checker(gpus: Sequence[GpuInfo]) -> Callable[[Sequence[frozenset[int]]], str | None] | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .engines.base import Engine
-from .gpu import GpuError, NvmlSampler, memory_held_by
+from .gpu import GpuError, NvmlSampler, memory_held_by, process_exists
 from .metrics import PerfResult, summarize, throughput, with_timing_noise
 from .stats import pass_noise
 from .sweep import Sweep, SweepPoint, holds, unknown_latency_metrics
@@ -339,7 +339,9 @@ class LLMPerf:
         if self.gpu_index is None:
             return _drive(engine, workload, salt)
         devices = self._devices_of(engine)
-        neighbours = self.beside(engine) if self.beside is not None else frozenset()
+        # a neighbour whose processes are gone (its engine core died idle) holds nothing: NVML charging it no
+        # memory is then no sign of a container that hides process ids
+        neighbours = frozenset(p for p in (self.beside(engine) if self.beside is not None else ()) if process_exists(p))
         held = memory_held_by(devices, neighbours) if neighbours else {}
         with NvmlSampler(devices, self.gpu_interval_s) as sampler:
             trace = _drive(engine, workload, salt)

@@ -46,6 +46,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self.server.refuse_token_ids and isinstance(body.get("prompt"), list):
             self.send_error(422, "prompt must be a string")  # as TGI's OpenAI endpoint answers token ids
             return
+        if isinstance(body.get("prompt"), list) and max(body["prompt"], default=0) >= self.server.vocab_size:
+            self.send_error(400, "token id out of vocabulary")  # as vLLM answers ids its model has no row for
+            return
         chat, responses = "messages" in body, self.path.endswith("/responses")
         length = (len(body["messages"][-1]["content"].split()) if chat else len(body["input"].split()) if responses
                   else len(body["prompt"]))
@@ -156,6 +159,7 @@ class FakeServer:
         self.httpd.dropped = set()  # prompt lengths whose request was closed without an answer
         self.httpd.pages = {}  # path -> body of a GET answered with 200
         self.httpd.refuse_token_ids = False  # answer token-id prompts with HTTP 422, as TGI does
+        self.httpd.vocab_size = 1 << 31  # token ids from here on are refused with HTTP 400, as vLLM does
         self.httpd.bare = False  # stream text only: no token ids, no usage
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()

@@ -47,6 +47,17 @@ def test_a_failed_background_stop_fails_the_next_engines_start_and_close_still_s
     assert log == ["start a", "start b", "stop a (beside a start)", "stop b"]
 
 
+def test_a_stop_that_failed_still_waits_for_the_card_to_be_freed(log):
+    """vLLM's stop timed out: the wait for the card's memory was skipped, and the next engine could start,
+    or be measured, beside what the old one still held."""
+    waited = []
+    pool = EnginePool(after_close=lambda: waited.append(list(log)), engines=ENGINES)
+    with pytest.raises(RuntimeError, match="shutdown timed out"):
+        switch(pool, log, stop_error=RuntimeError("shutdown timed out"))
+    assert waited == [["start a", "stop a"]]
+    pool.close()
+
+
 def test_a_restart_in_a_fresh_start_also_stops_the_old_one_in_the_background(log):
     pool = EnginePool(engines=ENGINES, stop_in_background=True)
     first = pool.get("fake", MODEL, {"id": "a", "log": log, "wait_s": 10.0})
@@ -213,6 +224,24 @@ def test_a_restarted_or_broken_member_is_replaced_beside_the_others(log):
     assert pool.beside(again) == frozenset() and pool.get(*group[1]) is not b
     assert log[-2:] == ["begin b", "start b"]  # b alone: a still runs beside it
     pool.close()
+
+
+def test_a_broken_member_is_stopped_before_its_place_is_taken_and_is_no_neighbour_meanwhile(log):
+    """A member that broke without the pool being told (a core that died idle; a stuck engine) was replaced
+    unstopped, its processes keeping their memory to the session's end, and its processes were still named as
+    a neighbour's; a group overlapping a started one started its running member a second time. FAKE engines."""
+    pool = EnginePool(engines=BESIDE)
+    a, b, c = (member(log, i) for i in "abc")
+    pool.plan([[a, b], [a, c]])
+    first = pool.get(*a)
+    second = pool.get(*b)
+    second.alive = False  # broke, the pool not told
+    assert pool.beside(first) == frozenset()
+    assert pool.get(*b) is not second and log.count("stop b") == 1  # stopped, then started again
+    pool._drop_beside(pool.get(*b))  # b's engine discarded; c, of a's other group, asked for
+    assert pool.get(*c) and pool.get(*a) is first and log.count("begin a") == 1
+    pool.close()
+    assert log.count("stop a") == 1
 
 
 def test_a_group_of_engines_that_cannot_start_beside_another_is_not_planned(log):

@@ -20,11 +20,28 @@ def test_each_xdist_worker_takes_its_own_gpu(worker, visible, count, expected):
     assert assign_device(worker, visible, count) == expected
 
 
-def test_more_workers_than_gpus_is_an_error():
+def test_more_workers_than_gpus_is_an_error(monkeypatch):
     from pytest_llmperf.gpu import GpuError, assign_device
 
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "3")  # -n 3 on two cards
     with pytest.raises(GpuError, match="worker gw2 needs 1 GPU of its own and has 0: 2 visible .* -n 2 or fewer"):
         assign_device("gw2", None, 2)
+    # -n 2: pytest-xdist names the worker it starts for one that crashed gw2, past the count
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    with pytest.raises(GpuError, match="it replaces a worker that crashed .* the other workers' go on"):
+        assign_device("gw2", None, 2)
+
+
+def test_cards_named_by_uuid_are_sampled_by_their_own_nvml_index():
+    """`CUDA_VISIBLE_DEVICES=GPU-...`: each card's place in the list was taken for its NVML index, so memory
+    and energy were read from another card. NVML's answer is given here (no GPU in CI)."""
+    from pytest_llmperf.gpu import GpuError, assign_devices
+
+    index = {"GPU-aaaa": 4, "GPU-bbbb": 6}.__getitem__
+    assert assign_devices("gw1", "GPU-aaaa,GPU-bbbb", 8, index_of=index) == ("GPU-bbbb", (6,))
+    assert assign_devices(None, "GPU-bbbb", 8, index_of=index) == (None, (6,))
+    with pytest.raises(GpuError, match="names 'MIG-1', which NVML cannot map .* name the cards by index"):
+        assign_devices(None, "MIG-1", 8)  # the real lookup: no NVML card by that name here either
 
 
 @pytest.mark.parametrize("worker, visible, count, per_worker, expected", [
@@ -300,3 +317,9 @@ def test_an_engines_processes_are_its_core_and_every_process_below_it():
             os.kill(pid, 9)
         child.kill()
         child.wait()
+
+
+def test_a_process_that_is_gone_is_no_neighbour_holding_memory():
+    from pytest_llmperf.gpu import process_exists
+
+    assert process_exists(os.getpid()) and not process_exists(2**22 + 12345)  # above Linux's largest pid

@@ -194,3 +194,17 @@ def test_every_run_sends_prompts_never_sent_before_of_the_same_lengths_sharing_w
     assert not (firsts[0] & firsts[1]) and not (firsts[2] & (firsts[0] | firsts[1]))
 
 
+
+
+def test_token_ids_beyond_the_served_models_vocabulary_are_an_error_not_a_switch_to_text(openai_engine_factory):
+    """vLLM answers ids its model has no row for with HTTP 400, which the probe took for a server refusing token
+    ids: it sent word prompts, which a real tokenizer splits into other lengths than the workload's. FAKE server."""
+    fake = FakeServer({})
+    try:
+        fake.httpd.vocab_size = 50
+        with pytest.raises(EngineError, match=r"refused token ids of .* \(vocabulary 100\) and took ids 1-3"):
+            openai_engine_factory(base_url=fake.base_url, vocab_size=100)
+        fake.httpd.vocab_size, fake.httpd.refuse_token_ids = 1 << 31, True  # a server that takes no ids at all
+        assert openai_engine_factory(base_url=fake.base_url, vocab_size=100).config["prompt"].startswith("text")
+    finally:
+        fake.stop()

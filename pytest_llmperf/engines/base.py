@@ -243,6 +243,7 @@ def _running(engine: Engine | None) -> bool:
     return engine is not None and getattr(engine, "alive", True)
 
 
+
 class EnginePool:
     """Engines cached by their full configuration, one running at a time, or a planned group side by side.
 
@@ -380,6 +381,12 @@ class EnginePool:
         others are returned. Interrupted (Ctrl-C), the starts still running are kept for `_close_beside`."""
         if self._pending:  # an earlier group start was interrupted, and the session went on
             self._close_beside()
+        # a member already running (a group overlapping one started before) is kept; one that broke is stopped
+        # before its key gets a new engine: overwritten unstopped, its processes kept their memory to the end
+        members = [m for m in members if not _running(self._beside.get(config_key(*m)))]
+        self._stop_broken([config_key(*m) for m in members])
+        if not members:
+            return []
         starter = ThreadPoolExecutor(len(members), "llmperf-engine-start")
         started = {config_key(*m): starter.submit(self._start, *m) for m in members}
         starter.shutdown(wait=False)
@@ -390,9 +397,16 @@ class EnginePool:
         self._pending = []  # after the update: an interrupt between the two leaves each engine known to close
         return [e for e in (f.exception() for f in started.values()) if e is not None]
 
+    def _stop_broken(self, keys: Sequence[str]) -> None:
+        broken = [self._beside.pop(k) for k in keys if k in self._beside]
+        if broken:
+            with self.times.timed("engine stop"):
+                all_at_once([e.shutdown for e in broken])  # best effort: they broke already, their errors said so
+
     def beside(self, engine: Engine) -> frozenset[int]:
-        """The processes of the group's other engines, idle beside `engine` while it is measured."""
-        return frozenset().union(*(e.device_pids() for e in self._beside.values() if e is not engine))
+        """The processes of the group's other engines, idle beside `engine` while it is measured; only engines
+        still running (one that broke holds no memory)."""
+        return frozenset().union(*(e.device_pids() for e in self._beside.values() if e is not engine and _running(e)))
 
     def _close_beside(self) -> None:
         """The group's engines stopped, side by side, and the card's memory waited for once; starts still
@@ -476,8 +490,10 @@ class EnginePool:
         try:
             if engine is not None:
                 with self.times.timed("engine stop"):
-                    engine.shutdown()
-                    if self.after_close is not None and engine.holds_device:
-                        self.after_close()
+                    try:
+                        engine.shutdown()
+                    finally:  # a stop that failed may still have freed the card: the next start waits for it
+                        if self.after_close is not None and engine.holds_device:
+                            self.after_close()
         finally:
             self._wait_for_stops()

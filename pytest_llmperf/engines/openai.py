@@ -151,6 +151,11 @@ class OpenAIEngine(Engine):
                  or ("token ids" if self._cfg["token_ids"] and self.vocab_size else "text")}
         status, stream = self._probe_once()
         if facts["prompt"] == "token ids" and status in (400, 422):
+            if self._probe_once(low_ids=True)[0] == 200:  # it takes token ids, not those of this vocabulary
+                raise EngineError(f"the server refused token ids of {self.model.name!r} (vocabulary {self.vocab_size}) "
+                                  f"and took ids 1-3: the model it serves has a smaller vocabulary, so word prompts "
+                                  f"would be measured at other lengths than the workload's; give the session the "
+                                  f"served model (--llmperf-model) or the engine option vocab_size")
             self._cfg["token_ids"] = False
             facts["prompt"] = f"text (the server refused token-id prompts: HTTP {status})"
             status, stream = self._probe_once()
@@ -164,8 +169,10 @@ class OpenAIEngine(Engine):
             facts["token_counts"] = _BY_TOKENIZER
         return facts
 
-    def _probe_once(self) -> tuple[int, _Stream | None]:
+    def _probe_once(self, low_ids: bool = False) -> tuple[int, _Stream | None]:
         body = self._payload(Workload.offline(1, prompt_len=3, output_len=2, seed=0), 0, 0)
+        if low_ids:  # ids every vocabulary has: whether the server takes token ids at all
+            body["prompt"] = [1, 2, 3]
         if self._cfg["ignore_eos"]:  # the probe's two tokens may end early: undo what the payload asked
             body["ignore_eos"] = False
             if "min_tokens" in body:
