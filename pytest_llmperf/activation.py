@@ -79,17 +79,26 @@ def was_terminated(config: pytest.Config) -> bool:
     return config.stash.get(_TERMINATED, False)
 
 
-def exit_if_terminated(config: pytest.Config) -> None:
+def exit_if_terminated(session: pytest.Session) -> None:
     """End a session that SIGTERM ended and code then kept going. The handler's `pytest.exit` raises an
     `Exception`, so code that catches `Exception` where the signal lands (a request counted as failed, a
     picture that could not be drawn, a test's own `try`) swallows it, and the session went on starting the
-    next tests' engines after its job was cancelled. Called at each test's boundaries, before its fixtures."""
-    if was_terminated(config):
+    next tests' engines after its job was cancelled. Called at each test's boundaries, before its fixtures.
+    A pytest-xdist worker stops as its loop asks (`shouldstop`): an exit there between a test's report and
+    the message that it ended broke the controller (INTERNALERROR)."""
+    if not was_terminated(session.config):
+        return
+    if hasattr(session.config, "workerinput"):
+        session.shouldstop = TERMINATED
+    else:
         _exit_terminated()
 
 
+TERMINATED = "llmperf: terminated by SIGTERM; engines stopped before exit"
+
+
 def _exit_terminated() -> None:
-    pytest.exit("llmperf: terminated by SIGTERM; engines stopped before exit", returncode=128 + signal.SIGTERM)
+    pytest.exit(TERMINATED, returncode=128 + signal.SIGTERM)
 
 
 def deactivate(config: pytest.Config) -> None:

@@ -251,11 +251,12 @@ def visible_count() -> int:
     return device_count()
 
 
-def assign_device(worker: str | None, visible: str | None, count: int) -> tuple[str | None, int]:
+def assign_device(worker: str | None, visible: str | None, count: int,
+                  index_of: Callable[[str], int] = nvml_index) -> tuple[str | None, int]:
     """`assign_devices` for an engine of one GPU: (CUDA_VISIBLE_DEVICES value, NVML index)."""
     if not worker and not visible and not count:
         return None, 0
-    env, indices = assign_devices(worker, visible, count)
+    env, indices = assign_devices(worker, visible, count, index_of=index_of)
     return env, indices[0]
 
 
@@ -410,9 +411,18 @@ def machine_class() -> str:
     count = device_count()
     if not count:
         return "cpu"
-    _, index = assign_device(None, os.environ.get("CUDA_VISIBLE_DEVICES"), count)
+    _, index = assign_device(None, os.environ.get("CUDA_VISIBLE_DEVICES"), count, index_of=_index_or_first)
     gpu = detect(index)
     return gpu.hardware_class if gpu else "cpu"
+
+
+def _index_or_first(uuid: str) -> int:
+    """For the hardware class only, read in every session, the plugin's or not: a card NVML cannot find by its
+    name (a MIG slice) is classed as the first card; only a session that claims cards needs its index."""
+    try:
+        return nvml_index(uuid)
+    except GpuError:
+        return 0
 
 
 def claim(per_worker: int) -> tuple[GpuInfo, ...]:

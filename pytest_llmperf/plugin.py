@@ -110,9 +110,9 @@ def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Ite
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[Any]:
-    activation.exit_if_terminated(item.config)  # a SIGTERM swallowed: no next test, no engine started for it
+    activation.exit_if_terminated(item.session)  # a SIGTERM swallowed: no next test, no engine started for it
     result = yield
-    activation.exit_if_terminated(item.config)
+    activation.exit_if_terminated(item.session)
     return result
 
 
@@ -136,7 +136,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     try:
         with item.config.stash[SESSION].pool.times.timed("judging"):
             _judge_report(item, report, call)
-    except pytest.exit.Exception:  # SIGTERM while judging: this test unjudged, the session ends after it
+    except pytest.exit.Exception:
+        if not activation.was_terminated(item.config):
+            raise  # another pytest.exit: as pytest would
+        # SIGTERM while judging: this test unjudged, the session ends after it
         report.outcome = "failed"
         report.longrepr = f"llmperf: {item.nodeid}: not judged: the session was terminated (SIGTERM) while judging it"
     except Exception as e:  # an input no check foresaw, or a fault of the plugin: this test fails, the session goes on

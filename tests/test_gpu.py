@@ -323,3 +323,15 @@ def test_a_process_that_is_gone_is_no_neighbour_holding_memory():
     from pytest_llmperf.gpu import process_exists
 
     assert process_exists(os.getpid()) and not process_exists(2**22 + 12345)  # above Linux's largest pid
+
+
+def test_a_card_nvml_cannot_name_leaves_a_session_that_claims_nothing_alone(monkeypatch):
+    """The hardware class is read in every session's configure: a MIG slice in CUDA_VISIBLE_DEVICES made pytest
+    fail at start, in projects that never use the plugin."""
+    from pytest_llmperf import gpu
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-1234")
+    monkeypatch.setattr(gpu, "device_count", lambda: 1)
+    monkeypatch.setattr(gpu, "detect", lambda index: None if index else gpu.GpuInfo(
+        0, "NVIDIA H100 80GB HBM3", "h100", 80.0, "", "", "9.0"))
+    assert gpu.machine_class() == "h100"
