@@ -230,6 +230,11 @@ def test_an_offline_batch_larger_than_vllm_admits_is_refused_before_it_runs(vllm
     with pytest.raises(ValueError, match=r"needs max_num_queued_reqs >= 8 \(the engine has 4"):
         engine.run(Workload.offline(8, prompt_len=16, output_len=4, seed=1))
     assert not engine.run(Workload.offline(4, prompt_len=16, output_len=4, seed=1)).failed
+    # the token limit as vLLM applies it: refused once the prompts before a request reach it, n counted
+    tokens = vllm_engine_factory(max_num_queued_tokens=100, **BASE)
+    assert not tokens.run(Workload.offline(2, prompt_len=60, output_len=4, seed=1)).failed  # 60 before the last
+    with pytest.raises(ValueError, match=r"needs max_num_queued_tokens >= 131 \(the engine has 100"):
+        tokens.run(Workload((Request(60, 4, n=2), Request(10, 4), Request(10, 4)), seed=1))
 
 
 def test_the_adapters_loop_passes_a_coroutines_own_timeout_error_and_is_closed_at_stop():

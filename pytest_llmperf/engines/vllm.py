@@ -297,6 +297,12 @@ def _token_clock(llm: Any, mode: str) -> TokenClock | None:
     return TokenClock(processor)
 
 
+def _refuse_batch(option: str, needs: int, limit: int) -> typing.NoReturn:
+    raise ValueError(f"an offline batch is admitted whole, and this one needs {option} >= {needs} (the engine has "
+                     f"{limit}: vLLM would refuse the rest): raise {option} with @pytest.mark.llmperf_engine, or give "
+                     "the workload arrival times")
+
+
 def _did_you_mean(args_class: type, config: Mapping[str, Any]) -> str:
     """`; did you mean max_num_seqs for max_num_seq?` for each option vLLM does not take that is close to one it takes."""
     taken = {f.name for f in dataclasses.fields(args_class)}
@@ -499,14 +505,15 @@ class VLLMEngine(Engine):
         if not workload.is_offline or self._llm is None:
             return
         sc = self._llm.vllm_config.scheduler_config
-        asked = {"max_num_queued_reqs": workload.num_sequences,
-                 "max_num_queued_tokens": sum(r.prompt_len for r in workload.requests)}
-        for option, n in asked.items():
-            limit = getattr(sc, option, None)
-            if limit is not None and n > limit:
-                raise ValueError(f"an offline batch is admitted whole, and this one needs {option} >= {n} (the "
-                                 f"engine has {limit}: vLLM would refuse the rest): raise {option} with "
-                                 "@pytest.mark.llmperf_engine, or give the workload arrival times")
+        # vLLM's admission (AsyncLLM.check_admission, 0.32): a request is refused when the sequences in flight and
+        # its own exceed max_num_queued_reqs, or when the prompt tokens of the sequences before it already reach
+        # max_num_queued_tokens (a prompt counted once a sequence)
+        reqs, tokens = getattr(sc, "max_num_queued_reqs", None), getattr(sc, "max_num_queued_tokens", None)
+        before = sum(r.prompt_len * r.n for r in workload.requests[:-1])
+        if reqs is not None and workload.num_sequences > reqs:
+            _refuse_batch("max_num_queued_reqs", workload.num_sequences, reqs)
+        if tokens is not None and before >= tokens:
+            _refuse_batch("max_num_queued_tokens", before + 1, tokens)
 
     @property
     def fixed_kv_budget(self) -> bool:  # type: ignore[override]
