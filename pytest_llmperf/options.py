@@ -85,9 +85,10 @@ def add(parser: pytest.Parser) -> None:
     parser.addini("llmperf_gpus_per_worker", "GPUs per worker (default: what the tests' engines ask for)", default="")
     group.addoption("--llmperf-soak", default=1, type=int, metavar="N",
                     help="run the selected tests N times back to back, round by round, and fail if host or GPU "
-                         "memory keeps growing between the last two rounds")
+                         "memory grows beyond the limit between the last two rounds or from the second round to the last")
     group.addoption("--llmperf-soak-limit-mib", default=soak.DEFAULT_LIMIT_MIB, type=float, metavar="MIB",
-                    help=f"allowed memory growth between the last two soak rounds (default {soak.DEFAULT_LIMIT_MIB:g})")
+                    help=f"allowed memory growth between the last two soak rounds, and from the second to the last "
+                         f"(default {soak.DEFAULT_LIMIT_MIB:g})")
     group.addoption("--llmperf-report", default=None, metavar="DIR",
                     help="write results.json and summary.md there (and append the summary to $GITHUB_STEP_SUMMARY)")
     parser.addini("llmperf_report", "report folder", default="")

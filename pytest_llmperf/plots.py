@@ -63,7 +63,8 @@ def draw(planned: Sequence[Picture]) -> list[str]:
             globals()[p.draw](*p.args, path=p.path, **p.kwargs)
         except Exception as e:  # noqa: BLE001 - one picture that cannot be drawn must not lose the others
             errors.append(f"{p.path.name}: {type(e).__name__}: {e}")
-            _pyplot().close("all")  # the figure it left open, held by pyplot for the rest of the session
+            if "matplotlib.pyplot" in sys.modules:  # the figure it left open, held by pyplot for the session
+                sys.modules["matplotlib.pyplot"].close("all")
     return errors
 
 

@@ -289,18 +289,18 @@ class LLMPerf:
             self._warm(live, mode, index)
         return live
 
-    def _warmup_had(self, old: Engine, index: int) -> str | None:
-        """The warm-up `old` had when its results were measured: the most any of them had (a sweep's later
-        points ride on its first point's), none where none took one. An engine started in its place gets the
-        same: the session's mode would give a run measured cold, or after a quick warm-up, a steady one (and a
-        steady engine's noise allowance) in its second look: better warmed than its baseline, a regression hidden."""
+    def _warmup_had(self, old: Engine, index: int) -> str:
+        """The warm-up an engine started in place of `old` gets: steady where any of `old`'s results had one (a
+        sweep's later points ride on its first point's), else the quick one. The session's mode gave a run
+        measured after a quick warm-up a steady one (and a steady engine's noise allowance) in its second look,
+        better warmed than its baseline; a run that took none may still have found its shared engine warm from
+        earlier tests, so a fresh start gets the quick warm-up at least."""
         had = {r.result.warmup for r in self.runs if r.engine is old} | {self.runs[index].result.warmup}
-        return next((m for m in ("steady", "quick") if m in had), None)
+        return "steady" if "steady" in had else "quick"
 
-    def _warm(self, engine: Engine, mode: str | None, index: int) -> None:
-        if mode is not None:
-            with self.times.timed("warm-up"):
-                self._warm_up(engine, self.runs[index].workload, mode)
+    def _warm(self, engine: Engine, mode: str, index: int) -> None:
+        with self.times.timed("warm-up"):
+            self._warm_up(engine, self.runs[index].workload, mode)
 
     def _revived(self, index: int) -> Engine:
         """The engine of the `index`-th result, started again (and warmed up as the first run was) when

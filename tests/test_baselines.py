@@ -524,7 +524,7 @@ def test_a_suspected_regression_is_measured_again_in_a_fresh_engine_start(tmp_pa
 
 
 @pytest.mark.parametrize("warmup, session_mode, expected", [
-    (False, "steady", (0, 0)),  # measured cold: started again, it stays cold
+    (False, "steady", (1, 0)),  # measured without one (its shared engine may have been warm): the quick one
     ("quick", "steady", (1, 0)),  # a quick warm-up, not the session's steady one (whole passes)
     (True, "steady", (1, 3)),  # the session's mode, as it was first warmed (three whole passes)
 ])

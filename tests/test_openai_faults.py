@@ -61,7 +61,7 @@ def test_an_open_loop_request_that_waited_for_a_connection_shows_as_sent_late(op
 def test_a_closed_loop_wider_than_the_connections_is_refused_before_it_runs(openai_engine_factory, fake):
     """Eight users in a closed loop on four connections would be measured as a loop of four."""
     engine = openai_engine_factory(base_url=fake.base_url, vocab_size=1000, max_connections=4)
-    with pytest.raises(EngineError, match=r"concurrency 8 needs as many connections; .*max_connections=8"):
+    with pytest.raises(ValueError, match=r"concurrency 8 needs as many connections; .*max_connections=8"):
         engine.run(Workload.closed_loop(8, 8, prompt_len=12, output_len=3))
     assert len(fake.httpd.prompts) == 1  # the probe at the engine's start: nothing of the run was sent
 

@@ -50,11 +50,14 @@ def test_a_steady_leak_below_the_limit_a_round_fails_once_it_adds_up():
         soak.memory = [RoundMemory(i + 1, mib, None) for i, mib in enumerate(host)]
         return soak.verdict()
 
-    assert verdict([1000, 1900, 2100, 2300, 2500]) == ("llmperf soak: memory grew in every round from round 2 to 5: "
-                                                       "host +600 MiB in all (limit 256 MiB, --llmperf-soak-limit-mib)")
+    assert verdict([1000, 1900, 2100, 2300, 2500]) == ("llmperf soak: memory grew from round 2 to 5, highest after "
+                                                       "the last: host +600 MiB in all (limit 256 MiB, "
+                                                       "--llmperf-soak-limit-mib)")
+    assert verdict([1000, 1900, 2100, 2050, 2250]).endswith("host +350 MiB in all (limit 256 MiB, "
+                                                            "--llmperf-soak-limit-mib)")  # a dip hides nothing
     assert verdict([1000, 1900, 1950, 2000, 2050]) is None  # +150 MiB in all: within the limit
     assert verdict([1000, 1900, 2100]) is None  # two rounds after the first: the last two's rule alone
-    assert verdict([1000, 1900, 2100, 2050, 2250]) is None  # it fell once: noise or a cache settling, not a leak
+    assert verdict([1000, 1900, 2300, 2200, 2250]) is None  # grew once, then gave some back: not still growing
     assert verdict([1000, 1900, 1901, 1900, 1902]) is None  # the first round's start is not growth
 
 

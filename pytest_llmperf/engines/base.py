@@ -492,8 +492,12 @@ class EnginePool:
                 with self.times.timed("engine stop"):
                     try:
                         engine.shutdown()
-                    finally:  # a stop that failed may still have freed the card: the next start waits for it
-                        if self.after_close is not None and engine.holds_device:
-                            self.after_close()
+                    except BaseException:  # it may still have freed the card: the next start waits for it, and
+                        if self.after_close is not None and engine.holds_device:  # the stop's error is the one said
+                            with contextlib.suppress(Exception):
+                                self.after_close()
+                        raise
+                    if self.after_close is not None and engine.holds_device:
+                        self.after_close()
         finally:
             self._wait_for_stops()

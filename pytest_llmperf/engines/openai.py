@@ -213,13 +213,16 @@ class OpenAIEngine(Engine):
         self.alive = False  # nothing to free: the server belongs to whoever started it
 
     # -- running ----------------------------------------------------------------------------
-    def run(self, workload: Workload, salt: int = 0) -> RunTrace:
-        self.check_fits(workload)
+    def check_fits(self, workload: Workload) -> None:
+        super().check_fits(workload)
         if workload.concurrency and workload.concurrency > self._cfg["max_connections"]:
             # more in flight than the client has connections for would be measured as a smaller closed loop
-            raise EngineError(f"a closed loop of concurrency {workload.concurrency} needs as many connections; this "
-                              f"engine has max_connections={self._cfg['max_connections']}: give openai_engine_factory"
-                              f"(max_connections={workload.concurrency}) (or the engine option), or a smaller concurrency")
+            raise ValueError(f"a closed loop of concurrency {workload.concurrency} needs as many connections; this "
+                             f"engine has max_connections={self._cfg['max_connections']}: give openai_engine_factory"
+                             f"(max_connections={workload.concurrency}) (or the engine option), or a smaller concurrency")
+
+    def run(self, workload: Workload, salt: int = 0) -> RunTrace:
+        self.check_fits(workload)
         if self._cfg["endpoint"] == "responses" and any(r.n > 1 for r in workload.requests):
             raise EngineError("the Responses API generates one sequence a request: a workload with n > 1 "
                               "needs endpoint='completions' or 'chat'")
@@ -881,7 +884,8 @@ def _pass_salt(nonce: int, run: int, salt: int) -> int:
     same salts, and a server's prefix cache (on by default in vllm serve) would serve a later pass the prompts an
     earlier one sent, its TTFT then depending on which tests ran before. A count alone would start over in a new
     engine of the same server (another configuration, a fresh start for a re-measurement, another pytest process),
-    hence the nonce. Only contents change: lengths, and prefixes shared within the run, are the workload's."""
+    hence the nonce. Only contents change: token-id prompts keep the workload's lengths, and prefixes shared
+    within the run; word prompts to a server with its own tokenizer may count differently from session to session."""
     return int.from_bytes(hashlib.blake2b(f"{nonce}:{run}:{salt}".encode(), digest_size=8).digest(), "big")
 
 
