@@ -208,3 +208,15 @@ def test_token_ids_beyond_the_served_models_vocabulary_are_an_error_not_a_switch
         assert openai_engine_factory(base_url=fake.base_url, vocab_size=100).config["prompt"].startswith("text")
     finally:
         fake.stop()
+
+
+def test_a_counter_the_server_creates_at_its_first_request_is_measured_from_0():
+    """A fresh server's scrape before the run lacks the counters it creates at its first request (prometheus_client's
+    labelled metrics): they read as 0 there, and were taken for metrics the server does not send."""
+    scraper = openai._Scraper(None, "http://server", 0.1, "sglang")
+    busy = {"usage": 0.5, "running": 2.0, "waiting": 0.0, "preemptions": 1.0, "prefix_queries": 40.0,
+            "prefix_hits": 10.0}
+    scraper.rows = [(0.0, 0.01, {"usage": 0.0, "running": 0.0, "waiting": 0.0}), (0.1, 0.11, busy),
+                    (0.2, 0.21, {**busy, "preemptions": 2.0})]
+    assert {"preemptions", "prefix_hit_rate", "usage"} <= scraper.measures() and scraper.missing() == {}
+    assert [k.preemptions for k in scraper.samples()] == [1, 2]

@@ -812,8 +812,10 @@ class _Scraper:
             await asyncio.wait_for(self._edge, EDGE_WAIT_S)
 
     def present(self) -> frozenset[str]:
-        """The fields every scrape carried: a field one scrape lacks would read as 0 in its sample."""
-        fields = [frozenset(v) for _, _, v in self.rows]
+        """The fields every scrape of the run carried: a field one of them lacks would read as 0 in its sample.
+        The scrape before the run is left aside: a counter a server creates at its first request is absent
+        there, and its deltas count from 0 (`samples`)."""
+        fields = [frozenset(v) for _, _, v in self._in_order()[1:]]
         return frozenset.intersection(*fields) if fields else frozenset()
 
     def measures(self) -> frozenset[str]:
