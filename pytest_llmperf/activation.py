@@ -25,6 +25,7 @@ _ACTIVE = pytest.StashKey[bool]()
 _CLAIM_ERROR = pytest.StashKey[str]()
 _SIGTERM_HANDLER = pytest.StashKey[Callable[[int, Any], None]]()
 _TERMINATED = pytest.StashKey[bool]()
+TERMINATED = "llmperf: terminated by SIGTERM; engines stopped before exit"
 
 
 def activate(config: pytest.Config, items: Sequence[pytest.Item] = ()) -> None:
@@ -92,9 +93,6 @@ def exit_if_terminated(session: pytest.Session) -> None:
         session.shouldstop = TERMINATED
     else:
         _exit_terminated()
-
-
-TERMINATED = "llmperf: terminated by SIGTERM; engines stopped before exit"
 
 
 def _exit_terminated() -> None:

@@ -111,18 +111,18 @@ class Soak:
     def verdict(self) -> str | None:
         """A message when memory grew beyond the limit between the last two rounds, or from the second round
         to the last (highest after it) by more than the limit, else None."""
-        over = {k: v for k, v in self.growth().items() if v > self.limit_mib}
         limit = f"(limit {self.limit_mib:.0f} MiB, --llmperf-soak-limit-mib)"
-        if over:
-            grown = ", ".join(f"{k} +{v:.0f} MiB" for k, v in over.items())
+        if over := self._over(self.growth()):
             return (f"llmperf soak: memory grew between rounds {self.memory[-2].round} and {self.memory[-1].round}: "
-                    f"{grown} {limit}")
-        steady = {k: v for k, v in self.steady_growth().items() if v > self.limit_mib}
-        if steady:
-            grown = ", ".join(f"{k} +{v:.0f} MiB" for k, v in steady.items())
+                    f"{over} {limit}")
+        if over := self._over(self.steady_growth()):
             return (f"llmperf soak: memory grew from round {self.memory[1].round} to {self.memory[-1].round}, "
-                    f"highest after the last: {grown} in all {limit}")
+                    f"highest after the last: {over} in all {limit}")
         return None
+
+    def _over(self, growth: dict[str, float]) -> str:
+        """`host +300 MiB, gpu +400 MiB` for the growth beyond the limit; "" where none is."""
+        return ", ".join(f"{k} +{v:.0f} MiB" for k, v in growth.items() if v > self.limit_mib)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.verdict() is not None and session.exitstatus == 0:

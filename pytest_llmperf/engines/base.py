@@ -243,7 +243,6 @@ def _running(engine: Engine | None) -> bool:
     return engine is not None and getattr(engine, "alive", True)
 
 
-
 class EnginePool:
     """Engines cached by their full configuration, one running at a time, or a planned group side by side.
 
@@ -434,6 +433,10 @@ class EnginePool:
             return
         self._stopping.append(self._stopper.submit(engine.shutdown))
 
+    def _wait_for_card(self, engine: Engine) -> None:
+        if self.after_close is not None and engine.holds_device:
+            self.after_close()
+
     def _wait_for_stops(self) -> None:
         """Every background stop ended; the first that failed raises its error here."""
         if not self._stopping:
@@ -493,11 +496,9 @@ class EnginePool:
                     try:
                         engine.shutdown()
                     except BaseException:  # it may still have freed the card: the next start waits for it, and
-                        if self.after_close is not None and engine.holds_device:  # the stop's error is the one said
-                            with contextlib.suppress(Exception):
-                                self.after_close()
+                        with contextlib.suppress(Exception):  # the stop's error is the one said
+                            self._wait_for_card(engine)
                         raise
-                    if self.after_close is not None and engine.holds_device:
-                        self.after_close()
+                    self._wait_for_card(engine)
         finally:
             self._wait_for_stops()

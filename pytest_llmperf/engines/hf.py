@@ -20,7 +20,7 @@ from typing import Any
 
 from ..models import ModelSpec
 from ..trace import Chunk, KVSample, RunTrace, SequenceTrace
-from ..workload import Workload
+from ..workload import Workload, whole_number
 from .base import Engine, EngineError, EngineOptionError, need
 
 DEFAULTS: dict[str, Any] = {"max_batch_size": 8, "device": None, "dtype": None, "attn_implementation": "sdpa",
@@ -62,7 +62,10 @@ class HFEngine(Engine):
 
         self._torch = torch
         cfg = {**DEFAULTS, **config}
-        _check_batch_size(cfg["max_batch_size"])
+        if not whole_number(cfg["max_batch_size"]) or cfg["max_batch_size"] < 1:
+            raise EngineOptionError(f"max_batch_size={cfg['max_batch_size']!r}: give a whole number of sequences, "
+                                    "1 or more")
+        cfg["max_batch_size"] = int(cfg["max_batch_size"])
         cfg["device"] = cfg["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
         cfg["dtype"] = cfg["dtype"] or ("bfloat16" if cfg["device"].startswith("cuda") else "float32")
         self.model = model
@@ -154,15 +157,15 @@ class HFEngine(Engine):
                         continue
                     submit = due
                 # every row of a static batch runs to the longest prompt plus the longest output
-                too_long = max(longest_prompt, req.prompt_len) + max(longest_output, req.output_len) > max_len
-                if batch and (rows + req.n > max_rows or too_long):
+                prompt, output = max(longest_prompt, req.prompt_len), max(longest_output, req.output_len)
+                if batch and (rows + req.n > max_rows or prompt + output > max_len):
                     if users is not None:
                         heapq.heappush(users, submit)
                     break
                 batch.append(i)
                 submits.append(submit)
                 rows += req.n
-                longest_prompt, longest_output = max(longest_prompt, req.prompt_len), max(longest_output, req.output_len)
+                longest_prompt, longest_output = prompt, output
                 pending.remove(i)
             if not batch:
                 dues = [d for i in pending if (d := _due(workload, i, start, answered)) is not None]
@@ -259,11 +262,6 @@ class HFEngine(Engine):
     def _cuda_device(self) -> str | None:
         device = str(self._cfg["device"])
         return device if device.startswith("cuda") else None
-
-
-def _check_batch_size(value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise EngineOptionError(f"max_batch_size={value!r}: give a whole number of sequences, 1 or more")
 
 
 def _due(workload: Workload, index: int, start: float, answered: dict[int, float]) -> float | None:

@@ -37,23 +37,18 @@ COUNTERS = frozenset({"preemptions", "prefix_queries", "prefix_hits", "prompt_to
 SHARES = frozenset({"usage"})
 
 
-# the fields each KV metric is read from (usage: its own gauge, or blocks used of blocks in all)
-NEEDS: Mapping[str, tuple[str, ...]] = {"usage": ("usage", "blocks_used", "blocks_total"),
-                                        "preemptions": ("preemptions",),
-                                        "prefix_hit_rate": ("prefix_queries", "prefix_hits")}
+# the fields each KV metric is read from, any one set of them (usage: its own gauge, or blocks used of blocks in all)
+NEEDS: Mapping[str, tuple[tuple[str, ...], ...]] = {
+    "usage": (("usage",), ("blocks_used", "blocks_total")),
+    "preemptions": (("preemptions",),),
+    "prefix_hit_rate": (("prefix_queries", "prefix_hits"),),
+}
 
 
 def measures_of(fields: Iterable[str]) -> frozenset[str]:
     """The KV metrics (metrics.KV_FIELDS names) that these plugin fields give."""
     has = set(fields)
-    out = set()
-    if "usage" in has or {"blocks_used", "blocks_total"} <= has:
-        out.add("usage")
-    if "preemptions" in has:
-        out.add("preemptions")
-    if {"prefix_queries", "prefix_hits"} <= has:
-        out.add("prefix_hit_rate")
-    return frozenset(out)
+    return frozenset(measure for measure, sets in NEEDS.items() if any(has.issuperset(needed) for needed in sets))
 
 
 @dataclass(frozen=True)
@@ -80,7 +75,7 @@ class Dialect:
         present = set(present)
         out = {}
         for measure in self.measures() - measures_of(present):
-            fields = [f for f in NEEDS[measure] if f not in present]
+            fields = [f for needed in NEEDS[measure] for f in needed if f not in present]
             absent = [name for f in fields for name in self.names.get(f, ())] or fields
             out[measure] = (f"the server's {self.path} did not send {', '.join(absent)} in every scrape of this "
                             f"run ({self.family}'s names, read from {self.source}), and a metric not sent is never "

@@ -332,18 +332,18 @@ class OpenAIEngine(Engine):
 
     def _requests_client(self) -> Any:
         """The requests' client: as many connections as requests `_Connections` lets go at once."""
-        n = self._cfg["max_connections"]
-        limits = self._httpx.Limits(max_connections=n, max_keepalive_connections=n, keepalive_expiry=KEEPALIVE_EXPIRY_S)
-        timeout = self._httpx.Timeout(self._cfg["request_timeout_s"], connect=10.0)
-        return self._httpx.AsyncClient(limits=limits, timeout=timeout, headers=self._headers())
+        return self._client(self._cfg["max_connections"],
+                            self._httpx.Timeout(self._cfg["request_timeout_s"], connect=10.0))
 
     def _monitor_client(self) -> Any:
         """/health's and /metrics' client, apart from the requests': in their pool, behind requests waiting for a
         connection, /health timed out and a healthy server was declared down (and scrapes went unanswered)."""
-        limits = self._httpx.Limits(max_connections=MONITOR_CONNECTIONS, max_keepalive_connections=MONITOR_CONNECTIONS,
+        return self._client(MONITOR_CONNECTIONS, self._httpx.Timeout(HEALTH_TIMEOUT_S))
+
+    def _client(self, connections: int, timeout: Any) -> Any:
+        limits = self._httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
                                     keepalive_expiry=KEEPALIVE_EXPIRY_S)
-        return self._httpx.AsyncClient(limits=limits, timeout=self._httpx.Timeout(HEALTH_TIMEOUT_S),
-                                       headers=self._headers())
+        return self._httpx.AsyncClient(limits=limits, timeout=timeout, headers=self._headers())
 
     def _trace(self, sequences: tuple[SequenceTrace, ...], start: float, end: float, scraper: _Scraper,
                extra: dict[str, Any]) -> RunTrace:
