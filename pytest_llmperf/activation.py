@@ -155,6 +155,7 @@ def _stop_engines_on_sigterm(config: pytest.Config) -> None:
     def on_sigterm(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         config.stash[_TERMINATED] = True
+        config.stash[SESSION].pool.refuse_starts(TERMINATED)  # wherever the exit below is swallowed
         _exit_terminated()
 
     signal.signal(signal.SIGTERM, on_sigterm)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from fake_engine import EventLog, Outcomes, Together
 
-from pytest_llmperf.engines.base import EnginePool
+from pytest_llmperf.engines.base import EngineError, EnginePool
 
 MODEL = SimpleNamespace(name="fake-model")
 ENGINES = {"fake": "fake_engine:FakeStoppingEngine"}
@@ -170,6 +170,28 @@ def test_a_group_whose_memory_nvml_cannot_tell_apart_is_stopped_and_engines_star
     pool.get(*groups[1][0])  # the next group too starts one engine at a time
     assert log[-3:] == ["stop a", "begin c", "start c"] and "begin d" not in log
     pool.close()
+
+
+def test_a_sigterm_swallowed_while_a_group_is_checked_starts_no_engine_after_it(log):
+    """SIGTERM's exit is an `Exception`: landing in the group's NVML check, it was taken for one more reason to
+    start the engines one at a time, and a new engine started after the job was cancelled. The handler refuses
+    every start first (activation), so the test fails with the reason and the session ends at its boundary."""
+
+    def signalled(engines):
+        pool.refuse_starts("llmperf: terminated by SIGTERM")
+        raise Exception("pytest.exit's Exit, swallowed by the check's except")  # noqa: TRY002 - Exit is one
+
+    pool = EnginePool(engines=BESIDE)
+    pool.check_beside = signalled
+    group = [member(log, "a"), member(log, "b")]
+    pool.plan([group])
+    with pytest.warns(UserWarning, match="swallowed"), \
+            pytest.raises(EngineError, match="fake engine not started: llmperf: terminated by SIGTERM"):
+        pool.get(*group[0])
+    begun = [e for e in log if e.startswith("begin")]
+    assert sorted(begun) == ["begin a", "begin b"] and pool.starts == 2, log  # the group only, then nothing
+    pool.close()
+    assert sorted(log[-2:]) == ["stop a", "stop b"]
 
 
 def test_a_session_interrupted_while_a_group_starts_still_stops_every_engine_of_it(log, monkeypatch):

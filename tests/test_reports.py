@@ -269,6 +269,15 @@ SWALLOWED = {
     except Exception:
         pass
 """),
+    # ... which then asks for another engine (the pool's NVML check of a group, a re-measurement's fallback)
+    "before another engine's start": ("", """
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+    except Exception:
+        pass
+    hf_engine_factory(max_batch_size=2)
+"""),
     # ... or the plugin's judging, which turns an unforeseen error into that test's failure
     "while judging": ("""
 import os, signal
@@ -298,7 +307,7 @@ from pytest_llmperf import Workload
 
 W = Workload.offline(4, prompt_len=16, output_len=4, seed=1)
 
-def test_a_signalled(hf_engine, llmperf):
+def test_a_signalled(hf_engine, hf_engine_factory, llmperf):
     llmperf.run(hf_engine, W, label="a")
 {body}
 
@@ -314,6 +323,8 @@ def test_b_never_started(hf_engine, llmperf):
     ran_b = [line for line in out.splitlines() if "test_b_never_started" in line
              and any(word in line for word in ("PASSED", "FAILED", "ERROR"))]
     assert not ran_b and (xdist or "test_b_never_started" not in out), out
+    if where == "before another engine's start":
+        assert "hf engine not started: llmperf: terminated by SIGTERM" in out, out
     if where == "while judging":
         assert "not judged: the session was terminated (SIGTERM) while judging it" in out
 

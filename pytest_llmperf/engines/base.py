@@ -285,6 +285,7 @@ class EnginePool:
         # why the engines of a started group cannot be measured apart (None: they can), e.g. gpu.beside_checker
         self.check_beside: Callable[[Sequence[frozenset[int]]], str | None] | None = None
         self._books = threading.Lock()
+        self._refusal: str | None = None  # why no engine may start any more (refuse_starts)
         atexit.register(self.close)  # also on Ctrl-C and crashes that skip pytest's own teardown
 
     def plan(self, groups: Sequence[Sequence[tuple[str, ModelSpec, dict[str, Any]]]]) -> None:
@@ -313,7 +314,15 @@ class EnginePool:
             self._wait_for_stops()  # the engine before it is gone before this one measures anything
         return self._engine
 
+    def refuse_starts(self, why: str) -> None:
+        """No engine starts from now on; each start raises EngineError(why). For a session being ended (SIGTERM):
+        its exit is an `Exception`, and code that catches one where the signal lands (NVML's check of a group,
+        a re-measurement's fallback) would otherwise go on to start the next engine before the session ends."""
+        self._refusal = why
+
     def _start(self, name: str, model: ModelSpec, config: dict[str, Any], cls: type[Engine] | None = None) -> Engine:
+        if self._refusal is not None:
+            raise EngineError(f"{name} engine not started: {self._refusal}")
         began = time.perf_counter()
         engine = (cls or engine_class(name, self.engines))(model, dict(config))
         with self._books:  # starts of a group end in threads of their own
