@@ -22,7 +22,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.health_calls += 1
             if self.server.health_calls > 1 and self.server.slow_health > 0:  # too busy to answer at once
                 self.server.slow_health -= 1
-                time.sleep(0.5)
+                time.sleep(self.server.slow_health_s)
             if self.server.health_calls > 1 and self.server.dropped_health > 0:  # closed, no answer
                 self.server.dropped_health -= 1  # as a keep-alive connection closed while reused looks
                 self.close_connection = True
@@ -150,7 +150,8 @@ class FakeServer:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.httpd.faults = faults
         self.httpd.health = None
-        self.httpd.slow_health = 0  # this many /health answers after the first take 0.5 s
+        self.httpd.slow_health = 0  # this many /health answers after the first take slow_health_s
+        self.httpd.slow_health_s = 0.5
         self.httpd.dropped_health = 0  # this many /health requests after the first get no answer at all
         self.httpd.health_calls = 0
         self.httpd.auth = []

@@ -164,6 +164,46 @@ def test_after_a_run_with_failures_a_slow_health_answer_is_asked_again(openai_en
         server.stop()
 
 
+@pytest.mark.parametrize(("slow", "health", "down"), [
+    (1, 200, None),
+    (1000, 200, r"was running but did not answer /health within 1 s 3 times in a row"),
+    (0, 503, r"was running but answers http://127.0.0.1:\d+/health with HTTP 503 \(vLLM says so when its engine is dead\)"),
+])
+def test_a_vllm_serve_slow_to_answer_health_between_tests_is_asked_again_before_it_is_stopped(
+        monkeypatch, tmp_path, slow, health, down):
+    """Between tests the vllm_server fixture asks whether its server died. It stopped (and restarted) a healthy one
+    after one /health slower than 2 s, as a server answers beside a neighbour's engine start on a 2-core CPU; a
+    slow answer is now asked again, under the rule of a run. A 503 (its engine core dead) still stops it at once.
+    FAKE server: the process is a `sleep`."""
+    import re
+    import subprocess
+    from urllib.parse import urlsplit
+
+    import httpx
+
+    from pytest_llmperf.engines.vllm_server import VLLMServer
+
+    monkeypatch.setattr(openai, "HEALTH_TIMEOUT_S", 1.0)
+    server = FakeServer({})
+    vllm = VLLMServer.__new__(VLLMServer)  # its process and port, not a `vllm serve`
+    vllm._proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    vllm.port, vllm.log_path = urlsplit(server.base_url).port, tmp_path / "serve.log"
+    vllm._log = open(vllm.log_path, "w")  # noqa: SIM115 - closed by stop()
+    try:
+        server.set_health(health, slow=slow)
+        server.httpd.slow_health_s = 2.5  # past the 2 s the check waited once
+        httpx.get(f"http://127.0.0.1:{vllm.port}/health")  # the fake answers its first /health at once
+        reason = vllm.down_reason()
+        if down is None:
+            assert reason is None and vllm.returncode is None, reason
+        else:
+            assert re.fullmatch(down, reason), reason
+            assert vllm.returncode is not None  # stopped, to be replaced
+    finally:
+        vllm.stop()
+        server.stop()
+
+
 # -- 5. prompts never sent before to the server ------------------------------------------------------------------
 def _prompts(server: FakeServer, engine, w: Workload) -> list[tuple[int, ...]]:
     server.httpd.prompts.clear()

@@ -254,16 +254,7 @@ class OpenAIEngine(Engine):
         """What is wrong with the server by /health, under the rule of a run (`_watch_health`): a refused
         connection or a 5xx is a server down; an answer later than HEALTH_TIMEOUT_S is a busy one (a run's
         requests may still be leaving it), asked again, and down only after SLOW_HEALTH_LIMIT in a row."""
-        for _ in range(SLOW_HEALTH_LIMIT):
-            try:
-                status = self._httpx.get(self._root() + "/health", headers=self._headers(),
-                                         timeout=HEALTH_TIMEOUT_S).status_code
-            except self._httpx.TimeoutException:
-                continue
-            except self._httpx.HTTPError as e:
-                return f"is not answering ({type(e).__name__}: {e})"
-            return _health_verdict(status, self._root())
-        return _slow_health(SLOW_HEALTH_LIMIT)
+        return health_problem(self._root(), self._headers())
 
     async def _watch_health(self, client: Any, down: asyncio.Event, found: list[str]) -> None:
         """Asks /health every HEALTH_POLL_S while the run lasts. A refused connection or a 5xx stops the
@@ -500,6 +491,23 @@ def _usage_unseen(answer_ms: float | None) -> str:
             "in hundreds of ms, and where its engine core is starved its usage gauge lags even a prompt answer). "
             "Run it where it has CPU to spare, or give the test a workload that lasts several scrape intervals "
             "(metrics_interval_s)")
+
+
+def health_problem(root: str, headers: Mapping[str, str] | None = None) -> str | None:
+    """What is wrong with the server at `root` by its /health, asked between runs: a refused connection or
+    a 5xx is a server down; an answer later than HEALTH_TIMEOUT_S is a busy one (a run's requests still
+    leaving it, a neighbour's engine start on a small CPU), asked again, and down only after SLOW_HEALTH_LIMIT
+    timeouts in a row. None: healthy."""
+    httpx = need("httpx", "openai")
+    for _ in range(SLOW_HEALTH_LIMIT):
+        try:
+            status = httpx.get(root + "/health", headers=headers, timeout=HEALTH_TIMEOUT_S).status_code
+        except httpx.TimeoutException:
+            continue
+        except httpx.HTTPError as e:
+            return f"is not answering ({type(e).__name__}: {e})"
+        return _health_verdict(status, root)
+    return _slow_health(SLOW_HEALTH_LIMIT)
 
 
 def _slow_health(times: int) -> str:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ..models import ModelSpec
-from .base import need
 from .local_server import LocalServer, flags
+from .openai import health_problem
 from .vllm import TRITON_CACHE_ENV, cpu_dtype, cpu_env, own_socket_folder, triton_cache_folder
 
 CPU_DEFAULTS = {"block_size": 32}
@@ -72,17 +72,13 @@ class VLLMServer(LocalServer):
     def down_reason(self) -> str | None:
         """Why this server cannot serve the next test, or None. An engine core that died (the OOM
         killer's usual victim) leaves the API process running for a few seconds, answering /health
-        with 503: such a server is stopped here, so that it is replaced rather than asked again."""
+        with 503: such a server is stopped here, so that it is replaced rather than asked again. A slow answer
+        is asked again, as in a run (`openai.health_problem`): a server busy beside a neighbour's engine start
+        on a small CPU was stopped after one 2 s timeout, and restarted for the next test."""
         if self._proc.poll() is not None:
             return f"exited with code {self._proc.returncode}"
-        httpx = need("httpx", "openai")
-        try:
-            status = httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code
-        except httpx.HTTPError as e:
-            reason = f"was running but not answering /health ({type(e).__name__})"
-        else:
-            if status < 500:
-                return None
-            reason = f"was running but answered /health with HTTP {status} (its engine core died)"
+        problem = health_problem(f"http://127.0.0.1:{self.port}")
+        if problem is None:
+            return None
         self.stop()
-        return reason
+        return f"was running but {problem}"
