@@ -32,6 +32,8 @@ from .report import TestRecord, terminal_lines
 from .report import write as write_report
 from .session import PERF, SESSION, Session
 
+SOAK = "llmperf-soak"  # the soak plugin's name, registered with --llmperf-soak above 1
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     options.add(parser)
@@ -47,11 +49,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(engine_fixtures(engines), "llmperf-engine-fixtures")
     config.pluginmanager.register(RecordCollector(state), "llmperf-records")
     rounds, limit_mib = options.soak_rounds(config)
-    if rounds > 1:
+    if rounds > 1:  # the plugin is then active whatever the tests use, once they are collected (its GPUs sized by them)
         soak.host_memory_mib()  # psutil missing: a usage error now, not at every test's setup
-        activation.activate(config)
-        config.pluginmanager.register(soak.Soak(rounds, limit_mib, state.gpu.index if state.gpu else None),
-                                      "llmperf-soak")
+        config.pluginmanager.register(soak.Soak(rounds, limit_mib, lambda: state.gpu.index if state.gpu else None),
+                                      SOAK)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -66,7 +67,7 @@ def pytest_collection(session: pytest.Session) -> Iterator[None]:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the hardware marker must be there to be selected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if any(selection.uses_plugin(item) for item in items):
+    if config.pluginmanager.has_plugin(SOAK) or any(selection.uses_plugin(item) for item in items):
         activation.activate(config, items)
     config.stash[selection.CARRIED] = selection.mark_hardware(items, config.stash[SESSION].hardware)
     # Tests that share an engine configuration run together, so each engine starts once (per soak round).

@@ -10,6 +10,7 @@ round N + 1 of any; engines stay shared within and across rounds as usual.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,7 +66,8 @@ def host_memory_mib() -> float:
 class Soak:
     """Registered by the plugin when `--llmperf-soak` is above 1."""
 
-    def __init__(self, rounds: int, limit_mib: float, gpu_index: int | None) -> None:
+    def __init__(self, rounds: int, limit_mib: float, gpu_index: Callable[[], int | None]) -> None:
+        # the GPU's index is asked for when a round ends: the plugin claims its GPUs after collection
         self.rounds, self.limit_mib, self.gpu_index = rounds, limit_mib, gpu_index
         self.memory: list[RoundMemory] = []
 
@@ -79,9 +81,8 @@ class Soak:
             self.memory.append(RoundMemory(round_of(item), host_memory_mib(), self._gpu_mib()))
 
     def _gpu_mib(self) -> float | None:
-        if self.gpu_index is None:
-            return None
-        return memory_used(self.gpu_index) / MIB
+        index = self.gpu_index()
+        return None if index is None else memory_used(index) / MIB
 
     def growth(self) -> dict[str, float]:
         """Growth between the last two rounds, MiB."""

@@ -102,6 +102,18 @@ def test_workers_claim_as_many_gpus_as_the_largest_engine_of_the_selection_sprea
                                  "run with -n 2 or fewer*"])
 
 
+def test_a_soak_claims_gpus_sized_by_the_tests_it_collected(pytester, monkeypatch):
+    """`--llmperf-soak` made the plugin claim its GPUs before any test was collected, sized as if none asked
+    for more than one: a tensor-parallel test then failed at its setup, one card short, in every round."""
+    pytest.importorskip("psutil")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    pytester.makeconftest(FAKE_FOUR_GPUS + "import pytest_llmperf.soak as soak\nsoak.memory_used = gpu.memory_used\n")
+    pytester.makepyfile(test_tp=TENSOR_PARALLEL.replace("os.environ['CUDA_VISIBLE_DEVICES']", "'-'"))
+    result = pytester.runpytest_subprocess("--llmperf-soak=2", "-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=4)  # two tests, two rounds
+    assert [p.read_text() for p in pytester.path.glob("claimed-*")] == ["- [0, 1]"]  # the first two cards
+
+
 def test_gpus_per_worker_can_be_given_and_is_checked_at_start(pytester):
     pytester.makepyfile(test_a="def test_a():\n    pass\n")
     result = pytester.runpytest_inprocess("--llmperf-gpus-per-worker=0")

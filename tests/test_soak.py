@@ -46,7 +46,7 @@ def test_a_steady_leak_below_the_limit_a_round_fails_once_it_adds_up():
     from pytest_llmperf.soak import RoundMemory, Soak
 
     def verdict(host):
-        soak = Soak(len(host), 256.0, None)
+        soak = Soak(len(host), 256.0, lambda: None)
         soak.memory = [RoundMemory(i + 1, mib, None) for i, mib in enumerate(host)]
         return soak.verdict()
 
