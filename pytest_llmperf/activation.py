@@ -25,6 +25,8 @@ _ACTIVE = pytest.StashKey[bool]()
 _CLAIM_ERROR = pytest.StashKey[str]()
 _SIGTERM_HANDLER = pytest.StashKey[Callable[[int, Any], None]]()
 _TERMINATED = pytest.StashKey[bool]()
+_ENVIRONMENT = pytest.StashKey[dict[str, str | None]]()  # what the claim may change, as it was before
+CLAIM_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")  # gpu.claim sets both under pytest-xdist
 TERMINATED = "llmperf: terminated by SIGTERM; engines stopped before exit"
 
 
@@ -32,6 +34,7 @@ def activate(config: pytest.Config, items: Sequence[pytest.Item] = ()) -> None:
     if config.stash.get(_ACTIVE, False):
         return
     config.stash[_ACTIVE] = True
+    config.stash[_ENVIRONMENT] = {k: os.environ.get(k) for k in CLAIM_ENV}
     state = config.stash[SESSION]
     try:
         state.gpus = claim_gpus(_gpus_per_worker(config, items))
@@ -43,6 +46,26 @@ def activate(config: pytest.Config, items: Sequence[pytest.Item] = ()) -> None:
     state.pool.check_beside = beside_checker(state.gpus)
     state.pool.stop_in_background = not state.gpus  # no device memory for the next engine to wait for
     _stop_engines_on_sigterm(config)
+
+
+def undo(config: pytest.Config) -> None:
+    """Activation taken back, before any test ran: the tests that used the plugin were all deselected (`-k`,
+    `-m`), and the ones left keep the environment and signal handling they would have had without it."""
+    if not is_active(config):
+        return
+    for key, value in config.stash[_ENVIRONMENT].items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    deactivate(config)
+    state = config.stash[SESSION]
+    state.gpus, state.gpu = (), None
+    state.pool.after_close = state.pool.check_beside = None
+    state.pool.stop_in_background = False
+    config.stash[_ACTIVE] = False
+    if _CLAIM_ERROR in config.stash:
+        del config.stash[_CLAIM_ERROR]
 
 
 def is_active(config: pytest.Config) -> bool:

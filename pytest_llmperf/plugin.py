@@ -78,6 +78,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     properties.apply_profile([i for i in items if selection.uses_plugin(i)], config)
 
 
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")  # pytest reads only pytest_* names
+def pytest_collection_modifyitems_selected(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """After `-k` and `-m` deselected: activation again, for the tests selected. None of them using the plugin,
+    the session gets back what it changed (a worker's CUDA_VISIBLE_DEVICES, SIGTERM's handler); otherwise each
+    worker claims as many GPUs as the selected tests' engines spread over, not the deselected ones'."""
+    activation.undo(config)
+    if config.pluginmanager.has_plugin(SOAK) or any(selection.uses_plugin(item) for item in items):
+        activation.activate(config, items)
+
+
 def pytest_report_header(config: pytest.Config) -> str | None:
     """What this session will measure and judge against, before any engine starts: an empty or foreign
     baseline store is visible at once, not after an hour of GPU time. Silent in a project that shows no

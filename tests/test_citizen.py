@@ -114,6 +114,30 @@ def test_a_soak_claims_gpus_sized_by_the_tests_it_collected(pytester, monkeypatc
     assert [p.read_text() for p in pytester.path.glob("claimed-*")] == ["- [0, 1]"]  # the first two cards
 
 
+def test_a_session_whose_plugin_tests_were_all_deselected_keeps_its_gpus_and_signals(pytester, monkeypatch):
+    """`-k`/`-m` deselect after the plugin saw the collection: it claimed each worker's GPUs all the same, and the
+    project's own GPU tests that were selected ran on one card a worker instead of the four they were given."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    pytester.makeconftest(FAKE_FOUR_GPUS)
+    pytester.makepyfile(test_tp=TENSOR_PARALLEL, test_own="""
+import os
+import signal
+
+def test_own_gpu_test(worker_id):
+    with open(f"own-{worker_id}", "w") as f:
+        f.write(f"{os.environ.get('CUDA_VISIBLE_DEVICES')} {signal.getsignal(signal.SIGTERM) is signal.SIG_DFL}")
+""")
+    result = pytester.runpytest_subprocess("-n", "2", "--dist", "each", "-k", "own", "-p", "no:cacheprovider",
+                                           "-p", "no:randomly")
+    result.assert_outcomes(passed=2)
+    assert sorted(p.read_text() for p in pytester.path.glob("own-*")) == ["None True", "None True"]
+    # selected beside a plugin test, the claim stands
+    result = pytester.runpytest_subprocess("-n", "2", "--dist", "each", "-k", "own or tp1", "-p", "no:cacheprovider",
+                                           "-p", "no:randomly")
+    result.assert_outcomes(passed=4)
+    assert sorted(p.read_text() for p in pytester.path.glob("own-*")) == ["0 False", "1 False"]
+
+
 def test_gpus_per_worker_can_be_given_and_is_checked_at_start(pytester):
     pytester.makepyfile(test_a="def test_a():\n    pass\n")
     result = pytester.runpytest_inprocess("--llmperf-gpus-per-worker=0")
