@@ -218,12 +218,14 @@ class PerfResult:
         return sorted(rows, key=lambda s: getattr(s, metric), reverse=True)[:k]
 
     def goodput(self, **limits_ms: float) -> float:
-        """Sequences per second that met every given latency limit (ttft=, tpot=, e2e=, ttfo=, in ms); a
-        sequence whose output was all reasoning has no TTFO and does not meet a ttfo= limit."""
+        """Sequences per second that completed and met every given latency limit (ttft=, tpot=, e2e=, ttfo=,
+        in ms; with none, the completed ones, as `vllm bench serve` counts); a sequence whose output was all
+        reasoning has no TTFO and does not meet a ttfo= limit."""
         unknown = set(limits_ms) - {"ttft", "tpot", "e2e", "ttfo"}
         if unknown:
             raise ValueError(f"goodput takes ttft=, tpot=, e2e=, ttfo= limits in ms, not {sorted(unknown)}")
-        good = sum(all((v := _goodput_value(s, m)) is not None and v <= lim for m, lim in limits_ms.items())
+        good = sum(s.e2e is not None  # a failed sequence has no timing: it met nothing, limits or none
+                   and all((v := _goodput_value(s, m)) is not None and v <= lim for m, lim in limits_ms.items())
                    for s in self.sequences)
         return good / self.duration_s if self.duration_s else 0.0
 

@@ -109,6 +109,7 @@ def test_goodput_counts_a_single_token_answer_as_meeting_a_tpot_limit_as_vllm_be
     r = summarize([RunTrace("fake", (*single, seq(4, 0.0, [0.05, 0.06, 0.07]), seq(5, 0.0, [], error="x")),
                             0.0, 1.0)], "h", 6)
     assert r.goodput(ttft=100) == r.goodput(ttft=100, tpot=50) == 5.0  # the failed sequence meets neither
+    assert r.goodput() == 5.0  # no limit: the completed sequences, not the failed one too
 
 
 def test_a_capacity_limit_s_under_may_be_given_per_hardware_whole_or_per_metric():
