@@ -135,6 +135,27 @@ def test_saturation_is_judged_on_open_loop_runs_with_enough_requests_only():
         assert saturated([sent(w, lambda i: 0.0, growing)], w) == ""
 
 
+def test_sessions_that_all_start_at_once_are_a_batch_neither_late_nor_saturated():
+    """`Workload.sessions` without qps hands every first turn over at once, as an offline batch: its TTFT rises with
+    the order the engine took them in, and a client sends a batch at its own pace. Judged as timed arrivals, such a
+    run was PERF-INVALID ("engine saturated", "client fell behind") where the same offline batch was valid."""
+    chat = Workload.sessions(96, turns=2, message_len=8, output_len=4, seed=1)
+    first = [i for i, r in enumerate(chat.requests) if r.turn == 0]
+    at_400_per_s = sent(chat, lambda i: first.index(i) / 400 if i in first else 0.0,
+                        lambda i: 0.03 + 0.003 * first.index(i) if i in first else 0.05)
+    assert why_invalid([at_400_per_s], chat) == "" and schedule_lags(at_400_per_s, chat) == []
+    timed = Workload.sessions(96, turns=2, message_len=8, output_len=4, qps=50, seed=1)
+    assert schedule_lags(sent(timed, lambda i: 0.0), timed) != []  # with a qps, a schedule to keep
+
+
+def test_one_stall_that_delays_a_request_or_two_leaves_a_small_pass_valid():
+    """Below 40 requests, two late ones were more than 5% of them: one stall made a whole pass invalid."""
+    small = Workload.poisson(qps=10, n=16, prompt_len=8, output_len=4, seed=1)
+    assert behind_schedule([sent(small, lambda i: 0.15 if i in (3, 4) else 0.0)], small) == ""
+    assert behind_schedule([sent(small, lambda i: 0.15 if i in (3, 4, 5) else 0.0)], small).startswith(
+        "the client fell behind its arrival schedule: 3 of 16 requests")
+
+
 def test_a_sessions_later_turns_growing_with_their_history_are_not_saturation():
     """A later turn carries the conversation so far: its TTFT rises with its turn whether or not a queue
     grows. Only the first turns, the ones the workload schedules, tell saturation."""
