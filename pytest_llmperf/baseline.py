@@ -519,7 +519,23 @@ def _compare_entry(old: Entry, cur: Entry, tolerances: Mapping[str, float], defa
         rows.append(_row(old, cur, metric, b, c, higher_better, deterministic, tolerances, default, gated, borrowed))
     if deterministic:
         rows.extend(_timeline_rows(old, cur, paging if gated is None or TIMELINE in gated else "summary"))
+    elif old.deterministic:
+        rows.extend(_no_longer_deterministic(old, cur, tolerances, gated))
     return rows
+
+
+def _no_longer_deterministic(old: Entry, cur: Entry, tolerances: Mapping[str, float],
+                             gated: frozenset[str] | None) -> list[Row]:
+    """A baseline of exact paging (a fixed KV pool: vLLM's num_gpu_blocks_override) against a run whose paging is
+    not: every paging metric would turn to "reported" and the timeline go unchecked, so a test gating paging
+    gated nothing of it, silently. One row says so, and fails where paging is gated."""
+    if not any(gates(m, gated, tolerances) for m in PAGING | {TIMELINE}):
+        return []
+    reason = ("the baseline's paging was exact (a fixed KV pool, e.g. vLLM's num_gpu_blocks_override) and this run's "
+              "is not, so its paging cannot be compared: fix the pool again, or record the baseline again if the "
+              "change is meant")
+    steps = len(paging_timeline.Timeline.from_dict(old.timeline).steps) if old.timeline else 0
+    return [Row(cur.label, TIMELINE, float(steps), None, 0.0, "changed", reason, exact=True, passes=cur.passes)]
 
 
 def _timeline_rows(old: Entry, cur: Entry, paging: str) -> list[Row]:

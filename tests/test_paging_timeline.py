@@ -100,3 +100,22 @@ def test_pictures_drawn_side_by_side_and_one_that_fails_loses_no_other(tmp_path)
     assert all(p.path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in good)
     (error,) = errors
     assert error.startswith("bad.png: AttributeError") and not (tmp_path / "bad.png").exists()
+
+
+def test_a_run_whose_paging_is_no_longer_exact_fails_where_paging_is_gated():
+    """The baseline's KV pool was fixed (num_gpu_blocks_override), this run's is not (a change dropped the override):
+    every paging row turned to "reported" and the timeline went unchecked, so 0 -> 33 preemptions passed, the
+    shipped paging module's `llmperf_gate("paging", "memory")` gating memory alone, silently."""
+    paging = {"kv_blocks_peak": 47, "kv_preemptions": 0}
+    old = Entry("0", "w", True, paging, [{}], timeline=Timeline.of(BASE).to_dict())
+    worse = Entry("0", "w", False, {"kv_blocks_peak": 80, "kv_preemptions": 33}, [{}])
+    doc = baseline.document("t", "cpu", "m", {}, [old])
+    for gate in (None, baseline.gated_metrics(["paging", "memory"])):
+        v = baseline.compare(doc, [worse], gated=gate)
+        assert v.status == "regression" and [r.metric for r in v.regressions] == ["kv_timeline"], v
+        assert v.regressions[0].reason.startswith("the baseline's paging was exact (a fixed KV pool")
+        assert v.regressions[0].baseline == 7 and v.regressions[0].current is None
+    assert baseline.compare(doc, [worse], gated=baseline.gated_metrics(["timing"])).status == "pass"  # paging not gated
+    # a baseline of timed paging against an exact run: nothing was gated exactly before, nothing is lost
+    timed = baseline.document("t", "cpu", "m", {}, [Entry("0", "w", False, paging, [{}])])
+    assert baseline.compare(timed, [Entry("0", "w", True, paging, [{}])]).status == "pass"
