@@ -255,7 +255,7 @@ class Row:
 
     label: str
     metric: str
-    baseline: float
+    baseline: float | None  # None: the baseline holds none (a gated metric's row then fails: `_unrecorded`)
     current: float | None  # None: this run measured none (a gated metric's row then fails: `_unmeasured`)
     allowed: float  # relative tolerance applied
     # "ok", "regression", "improvement", "changed" (deterministic paging moved the better way: fails too),
@@ -269,7 +269,7 @@ class Row:
 
     @property
     def change(self) -> float | None:
-        if self.current is None:
+        if self.current is None or self.baseline is None:
             return None
         return (self.current - self.baseline) / abs(self.baseline) if self.baseline else math.inf * (self.current != 0)
 
@@ -510,8 +510,9 @@ def _compare_entry(old: Entry, cur: Entry, tolerances: Mapping[str, float], defa
     deterministic = old.deterministic and cur.deterministic
     for metric, higher_better in COMPARED.items():
         b, c = old.metrics.get(metric), cur.metrics.get(metric)
-        if b is None:
-            continue  # the baseline holds nothing to compare with
+        if b is None:  # the baseline holds nothing to compare with: said where the run measured a gated metric
+            rows.extend(_unrecorded(cur, metric, c, deterministic, tolerances, default, gated) if c is not None else [])
+            continue
         if c is None:
             rows.extend(_unmeasured(cur, metric, _round(b), deterministic, tolerances, default, gated))
             continue
@@ -556,6 +557,20 @@ def _judged(metric: str, deterministic: bool, tolerances: Mapping[str, float], g
     unchanged H200 rerun moved fragmentation max by 16%; shown, gated only where a test asks)."""
     timed_paging = metric in PAGING and metric not in tolerances and not deterministic
     return gates(metric, gated, tolerances) and not timed_paging
+
+
+def _unrecorded(cur: Entry, metric: str, c: float, deterministic: bool, tolerances: Mapping[str, float],
+                default: float, gated: frozenset[str] | None) -> list[Row]:
+    """A gated metric this run measured and the baseline holds no value of (NVML or the paging recorder could not
+    read when it was recorded): it fails, since a gate with nothing to compare with would pass every later run
+    unseen; a metric only reported is left out."""
+    if not _judged(metric, deterministic, tolerances, gated):
+        return []
+    exact = metric in PAGING and metric not in tolerances
+    reason = (f"the baseline holds no value of this gated metric (not measured when it was recorded), this run "
+              f"measured {number(_round(c))}: record the baseline again with --llmperf-baseline=update")
+    return [Row(cur.label, metric, None, _round(c), 0.0 if exact else tolerances.get(metric, default), "regression",
+                reason, exact, cur.passes)]
 
 
 def _unmeasured(cur: Entry, metric: str, b: float, deterministic: bool, tolerances: Mapping[str, float],

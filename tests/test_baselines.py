@@ -1054,3 +1054,21 @@ def test_compare_leaves_out_results_that_were_no_valid_measurement():
     assert not regressed and compared == 1 and "t: pass" in text
     text, regressed, compared = baseline.compare_results(doc(100.0), doc(10.0), 0.1)
     assert regressed
+
+
+def test_a_gated_metric_the_baseline_holds_no_value_of_fails_where_the_run_measured_it():
+    """A baseline recorded while NVML (or the paging recorder) could not read stores null: the gate on it was off
+    for good, with no row and no message, under `require` too."""
+    timing = {"output_tokens_per_s": 100.0, "p50_ttft_ms": 50.0}
+    old = Entry("0", "w1", True, {**timing, "gpu_memory_peak_gib": None, "kv_preemptions": None}, [timing])
+    now = Entry("0", "w1", True, {**timing, "gpu_memory_peak_gib": 150.0, "kv_preemptions": 40}, [timing])
+    for gate in (None, baseline.gated_metrics(["paging", "memory"])):
+        v = baseline.compare(stored(old), [now], gated=gate)
+        assert v.status == "regression", v
+        assert sorted(r.metric for r in v.regressions) == ["gpu_memory_peak_gib", "kv_preemptions"]
+        assert all(r.baseline is None and r.change is None for r in v.regressions)
+        assert v.regressions[0].reason.startswith("the baseline holds no value of this gated metric")
+    assert "  -  " in baseline.format_table(v)  # the missing side printed as "-"
+    # a metric only reported, or one neither side holds, says nothing
+    assert baseline.compare(stored(old), [now], gated=baseline.gated_metrics(["timing"])).status == "pass"
+    assert baseline.compare(stored(old), [old]).status == "pass"
