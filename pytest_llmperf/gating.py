@@ -159,7 +159,8 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
     gated, elsewhere = baseline.cpu_gate(stored.get("environment") or {}, env, gated, tol)
     verdict = remeasure.judged_against_baseline(stored, perf, current, tol, cfg.tolerance, cfg.retries, cfg.paging,
                                                 gated, calibration.borrowed(stored, cfg.root, cfg.hardware, cfg.model))
-    return replace(verdict, message=_joined(elsewhere, verdict.message), untimed=True) if elsewhere else verdict
+    # the other CPU's note after the verdict's own: `require` fails on the first line, which must name what is missing
+    return replace(verdict, message=_joined(verdict.message, elsewhere), untimed=True) if elsewhere else verdict
 
 
 def _recorded(perf: LLMPerf, current: Sequence[Entry], retries: int) -> list[Entry]:

@@ -936,6 +936,13 @@ def test_a_baseline_of_another_cpu_gates_no_timing_end_to_end(pytester):
     assert record["environment"]["cpu"] == mine
     verdicts = {r["metric"]: r["verdict"] for r in record["baseline_rows"]}
     assert verdicts["output_tokens_per_s"] == "reported" and verdicts["p50_ttft_ms"] == "reported"
+    # a result `require` cannot compare (its workload changed): the failure names that, not the other CPU
+    doc["entries"][0]["workload_hash"] = "0" * 16
+    path.write_text(json.dumps(doc))
+    result = pytester.runpytest_inprocess(*args, "--llmperf-baseline=require")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*llmperf: --llmperf-baseline=require: stale baseline: workload of * changed "
+                                 "(0000000000000000 -> *; record it with: *"])
 
 
 SHARED_NAME = """
