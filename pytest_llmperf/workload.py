@@ -120,6 +120,17 @@ class Empirical:
 LengthSpec = Union[int, tuple[int, int], Distribution]
 
 
+def _finite_at_least_0(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(value) and value >= 0
+
+
+def check_seed(seed: Any) -> None:
+    """A workload's seed: a whole number >= 0 (numpy's generators take no other; a numpy integer is stored as an
+    int, which its hash's JSON can write)."""
+    if not whole_number(seed) or seed < 0:
+        raise ValueError(f"seed={seed!r} must be a whole number >= 0")
+
+
 def whole_number(value: Any) -> bool:
     """A whole number, given as an int, a numpy integer or a float such as 16.0 (not a bool)."""
     return (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
@@ -181,8 +192,8 @@ class Request:
             problems.append(f"prompt_len={self.prompt_len!r} must be an int >= 1")
         if not isinstance(self.output_len, (int, np.integer)) or self.output_len < 1:
             problems.append(f"output_len={self.output_len!r} must be an int >= 1")
-        if not self.arrival_s >= 0:
-            problems.append(f"arrival_s={self.arrival_s!r} must be >= 0")
+        if not _finite_at_least_0(self.arrival_s):  # inf would wait forever before sending it
+            problems.append(f"arrival_s={self.arrival_s!r} must be a finite number of seconds >= 0")
         if not isinstance(self.n, (int, np.integer)) or self.n < 1:
             problems.append(f"n={self.n!r} must be an int >= 1")
         if not 0 <= self.prefix_len <= self.prompt_len:
@@ -204,8 +215,8 @@ def _turn_problems(r: Request) -> list[str]:
     problems = []
     if not isinstance(r.turn, (int, np.integer)) or r.turn < 0:
         problems.append(f"turn={r.turn!r} must be an int >= 0")
-    if not r.think_s >= 0:
-        problems.append(f"think_s={r.think_s!r} must be >= 0")
+    if not _finite_at_least_0(r.think_s):
+        problems.append(f"think_s={r.think_s!r} must be a finite number of seconds >= 0")
     if r.n != 1:
         problems.append("a session's turns take n=1 (the next turn's history holds one answer)")
     if r.turn and (r.arrival_s or r.prefix_len or r.blocks):
@@ -253,6 +264,8 @@ class Workload:
             object.__setattr__(self, "requests", tuple(self.requests))
         if not self.requests:
             raise ValueError("a workload needs at least one request (got zero)")
+        check_seed(self.seed)
+        object.__setattr__(self, "seed", int(self.seed))
         if self.concurrency is not None:
             if not whole_number(self.concurrency) or self.concurrency < 1:
                 raise ValueError(f"concurrency={self.concurrency!r} must be a whole number of requests in flight >= 1")
@@ -279,8 +292,8 @@ class Workload:
     ) -> Workload:
         """Open-loop arrivals at `qps` with gamma inter-arrival times (as `vllm bench serve`):
         shape = burstiness, mean = 1/qps. burstiness 1.0 is Poisson; < 1 burstier; > 1 more even."""
-        if qps <= 0 or burstiness <= 0:
-            raise ValueError(f"poisson needs qps > 0 and burstiness > 0, got qps={qps}, burstiness={burstiness}")
+        if not (_finite_at_least_0(qps) and qps > 0 and _finite_at_least_0(burstiness) and burstiness > 0):
+            raise ValueError(f"poisson needs finite qps > 0 and burstiness > 0, got qps={qps}, burstiness={burstiness}")
         prompts, outputs = _draw_lengths(n, prompt_len, output_len, seed)
         arrivals = _gamma_arrivals(qps, n, seed, burstiness)
         reqs = tuple(Request(p, o, arrival_s=float(a)) for p, o, a in zip(prompts, outputs, arrivals))
@@ -336,8 +349,8 @@ class Workload:
         `PerfResult.by_turn` reports TTFT and prefix-cache hits turn by turn."""
         if n_sessions < 1 or turns < 1:
             raise ValueError(f"sessions needs n_sessions >= 1 and turns >= 1, got {n_sessions}, {turns}")
-        if qps is not None and not qps > 0:
-            raise ValueError(f"sessions needs qps > 0 (or None: every session starts at once), got {qps}")
+        if qps is not None and not (_finite_at_least_0(qps) and qps > 0):
+            raise ValueError(f"sessions needs a finite qps > 0 (or None: every session starts at once), got {qps}")
         if system_prompt_len < 0:
             raise ValueError(f"system_prompt_len={system_prompt_len!r} must be >= 0")
         messages, outputs = _draw_lengths(n_sessions * turns, message_len, output_len, seed)
@@ -544,6 +557,7 @@ def _block_tokens(req: Request, key: list[int], lo: int, hi: int) -> list[int]:
 
 
 def _draw_lengths(n: int, prompt_len: LengthSpec, output_len: LengthSpec, seed: int) -> tuple[list[int], list[int]]:
+    check_seed(seed)
     if not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"a workload needs n >= 1 requests, got n={n!r}")
     p_dist, o_dist = as_distribution(prompt_len, "prompt_len"), as_distribution(output_len, "output_len")
