@@ -108,6 +108,10 @@ class LLMPerf:
     timing_gated: bool = True
     # engines warmed until steady, with the pass-to-pass noise their warm-up saw (the session's)
     steady_engines: MutableMapping[Engine, float] = field(default_factory=weakref.WeakKeyDictionary)
+    # per sweep kind ("rate", "concurrency"), the latency limits the test's min_capacity marker judges it by: a
+    # sweep given no `under=` takes them, so that its saturated points count as over capacity (validity) and its
+    # capacity is compared with the baseline, as for a sweep that names its own
+    capacity_under: dict[str, dict[str, float]] = field(default_factory=dict)
     sweeps: list[Sweep] = field(default_factory=list)
     runs: list[Run] = field(default_factory=list)
 
@@ -173,7 +177,7 @@ class LLMPerf:
             result = self.run(engine, _workload_of(workload_factory, value), repeats=repeats,
                               warmup=warmup if i == 0 else False, label=f"{label}@{value:g}")
             points.append(SweepPoint(value, result))
-        return self._keep(Sweep(kind, label, tuple(points), dict(under or {})))
+        return self._keep(Sweep(kind, label, tuple(points), dict(under or self.capacity_under.get(kind, {}))))
 
     def find_capacity(self, engine: Engine, rate_factory: Callable[[float], Workload], *,
                       under: Mapping[str, float], lo: float, hi: float, max_runs: int = 8, rel_tol: float = 0.1,

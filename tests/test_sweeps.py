@@ -210,3 +210,37 @@ def test_a_bisection_stops_where_its_points_could_no_longer_be_named_apart():
     assert [p.result.label for p in sweep.points] == ["capacity@1", "capacity@1.00001"] and sweep.max_rate == 1
     with pytest.raises(ValueError, match="too close to name apart"):
         perf.find_capacity(FakeWarmingEngine([1.0]), rate, under={"p99_ttft_ms": 100}, lo=1, hi=1.0000001)
+
+
+def test_a_sweep_judged_by_the_markers_limits_is_a_capacity_curve(pytester):
+    """`min_capacity(rate=..., under=...)` on a sweep given no `under=` ("default: the sweep's own under=", the other
+    way round): the sweep had no limits of its own, so its saturated top point made the whole test PERF-INVALID
+    instead of being over capacity, and its capacity was never compared with a baseline. FAKE engine (plugin
+    mechanics): the sweep takes the marker's limits; a saturated point of such a curve is over capacity."""
+    pytester.makepyfile(test_c="""
+import pytest
+from fake_engine import FakeWarmingEngine
+from pytest_llmperf import Workload
+
+@pytest.mark.min_capacity(rate=1, under={"p99_ttft_ms": 1e6})
+def test_curve(llmperf):
+    rate = lambda r: Workload.poisson(r, 4, prompt_len=16, output_len=4, seed=1)  # noqa: E731
+    sweep = llmperf.sweep(FakeWarmingEngine([0.01]), rate, rates=[1, 2], warmup=False)
+    assert sweep.under == {"p99_ttft_ms": 1e6}
+    own = llmperf.sweep(FakeWarmingEngine([0.01]), rate, rates=[1], warmup=False, label="own",
+                        under={"p99_tpot_ms": 5e5})
+    assert own.under == {"p99_tpot_ms": 5e5}  # a sweep's own limits stand
+    conc = llmperf.sweep(FakeWarmingEngine([0.01]), lambda c: Workload.closed_loop(int(c), 4, 16, 4), concurrency=[1],
+                         warmup=False, label="conc")
+    assert conc.under == {}  # the marker judges rate sweeps only
+""")
+    pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-baseline=off").assert_outcomes(passed=1)
+
+    from pytest_llmperf.judging import _invalid
+    from pytest_llmperf.validity import SATURATED
+
+    top = point(4, 300, 10)
+    top = SweepPoint(4, replace(top.result, invalid=f"{SATURATED}: median TTFT rose from 1 ms to 90 ms"))
+    curve = Sweep("rate", "s", (point(1, 100, 10), top), {"p99_ttft_ms": 1e6})
+    perf = SimpleNamespace(sweeps=[curve], results=[p.result for p in curve.points], sweep_labels={"s@1", "s@4"})
+    assert _invalid("t", perf) == ""
