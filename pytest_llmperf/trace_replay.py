@@ -34,6 +34,7 @@ Every problem with the file or the options is a ValueError raised here, before a
 from __future__ import annotations
 
 import csv
+import difflib
 import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
@@ -125,8 +126,16 @@ def _choice_problems(r: Replay) -> list[str]:
             out.append(f"format={r.format!r} needs columns= naming the trace's {', '.join(missing)} column(s), e.g. "
                        "columns={'timestamp': 'Timestamp', 'input_length': 'Request tokens', "
                        "'output_length': 'Response tokens'}")
+        known = (*FIELDS, "hash_ids")
+        for key in (r.columns or {}):
+            if key not in known:  # a misspelled "hash_ids" dropped every block id, and the prefix sharing with them
+                near = difflib.get_close_matches(str(key), known, n=1)
+                out.append(f"columns= key {key!r} is none of {', '.join(known)}"
+                           + (f" (did you mean {near[0]!r}?)" if near else ""))
         if "hash_ids" in (r.columns or {}) and r.block_size is None:
             out.append("a hash_ids column needs block_size= (tokens per block id in that trace)")
+        if r.block_size is not None and "hash_ids" not in (r.columns or {}):
+            out.append("block_size= sizes the blocks of a hash_ids column, and columns= names none")
     elif r.columns is not None:
         out.append("format='mooncake' has fixed columns: leave columns= out, or use format='jsonl'")
     return out

@@ -149,6 +149,13 @@ def test_the_hash_is_stable_and_the_workload_round_trips(tmp_path):
     ('{"timestamp": 0, "input_length": 5, "output_length": 0, "hash_ids": [1]}\n', {}, "output_length 0 must be"),
     ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [-1]}\n', {}, "hash_ids must be a list"),
     ('{"t": 0}\n', {"format": "jsonl"}, "needs columns= naming"),
+    # a misspelled key dropped every block id (and the replay's prefix sharing) without a word
+    ('{"t": 0}\n', {"format": "jsonl", "block_size": 16, "columns": {
+        "timestamp": "t", "input_length": "i", "output_length": "o", "hash_id": "h"}},
+     "columns= key 'hash_id' is none of timestamp, input_length, output_length, hash_ids (did you mean 'hash_ids'"),
+    ('{"t": 0}\n', {"format": "csv", "block_size": 16, "columns": {"timestamp": "t", "input_length": "i",
+                                                                   "output_length": "o"}},
+     "block_size= sizes the blocks of a hash_ids column, and columns= names none"),
     ('{"timestamp": 0}\n', {"too_long": "truncate"}, "too_long='truncate' is unknown"),
     ('{"timestamp": 0}\n', {"time_scale": -1}, "time_scale must be >= 0"),
     ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n', {"start": 10},
