@@ -23,6 +23,10 @@ def side_by_side(results: Mapping[str, PerfResult]) -> str:
     A figure an engine does not measure reads `-`, never 0."""
     if not results:
         raise ValueError("side_by_side needs at least one result: {label: PerfResult, ...}")
+    workloads = {name: r.workload_hash for name, r in results.items()}
+    if len(set(workloads.values())) > 1:  # engines compared on different traffic: a table of nothing
+        raise ValueError("side_by_side compares engines on one workload, and these results ran different ones "
+                         f"(workload hashes {workloads}): run each engine on the same Workload")
     figures = {name: {**r.flat(), "failed": r.failed} for name, r in results.items()}
     lines = ["| figure | " + " | ".join(figures) + " |", "| --- |" + " --- |" * len(figures)]
     for key, label in ROWS:

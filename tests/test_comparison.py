@@ -27,3 +27,11 @@ def test_one_column_per_engine_and_a_dash_where_a_figure_is_not_measured():
 def test_no_results_is_a_clear_error():
     with pytest.raises(ValueError, match="at least one result"):
         side_by_side({})
+
+
+def test_results_of_different_workloads_are_refused():
+    """The table claims one workload; results of two read as an engine comparison and were not one."""
+    from dataclasses import replace
+
+    with pytest.raises(ValueError, match=r"different ones \(workload hashes \{'a': 'h', 'b': 'other'\}\)"):
+        side_by_side({"a": _result(0.010, 0.002), "b": replace(_result(0.010, 0.002), workload_hash="other")})
