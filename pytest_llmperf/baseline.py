@@ -387,6 +387,12 @@ def load(path: Path, test_id: str | None = None) -> dict[str, Any] | None:
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("entries"), list):
         raise BaselineError(f"baseline {path} is not a pytest-llmperf schema-{SCHEMA} baseline; "
                             "delete it and rerun with --llmperf-baseline=update")
+    for k, entry in enumerate(data["entries"]):
+        try:  # its structure, now: a missing key surfaced as a KeyError inside the gate, naming no file
+            Entry.from_dict(entry)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise BaselineError(f"baseline {path} has a malformed result (entry {k}: {type(e).__name__}: {e}); fix "
+                                "or delete it, then rerun with --llmperf-baseline=update") from None
     if test_id is not None and data.get("test") not in (None, test_id):
         raise shared_file(path, data["test"], test_id)
     return data

@@ -229,6 +229,10 @@ def test_files_are_sorted_atomic_and_corrupt_ones_are_errors(tmp_path):
     path.write_text('{"schema": 99, "entries": []}')
     with pytest.raises(BaselineError, match="not a pytest-llmperf schema-1 baseline"):
         baseline.load(path)
+    # valid JSON of the right schema, a result missing a key: a KeyError inside the gate named no file
+    path.write_text('{"schema": 1, "entries": [{"label": "0", "deterministic": false, "metrics": {}}]}')
+    with pytest.raises(BaselineError, match=f"baseline {path} has a malformed result .entry 0: KeyError: 'workload_hash'"):
+        baseline.load(path)
 
 
 GATED = """

@@ -75,6 +75,9 @@ def test_a_result_without_a_calibration_takes_its_suites_median_allowance(tmp_pa
 
     _suite(tmp_path, [0.10, 0.20, 0.30])
     (tmp_path / "h200" / "m" / "broken.json").write_text("{")  # its own test fails on it; this one reads on
+    bad = baseline.document("bad", "h200", "m", {}, [_entry(100.0, {"output_tokens_per_s": 0.5})])
+    bad["entries"][0]["calibration"]["output_tokens_per_s"] = None  # a non-number broke every borrower's comparison
+    (tmp_path / "h200" / "m" / "bad.json").write_text(json.dumps(bad))
     lent = calibration.borrowed(new, tmp_path, "h200", "m")
     assert lent["output_tokens_per_s"] == pytest.approx(0.20) and lent["p50_ttft_ms"] == pytest.approx(0.20)
     assert baseline.compare(new, [_entry(85.0)], borrowed=lent).status == "pass"
