@@ -114,6 +114,12 @@ def recorded_gate(test: Mapping[str, Any]) -> frozenset[str] | None:
     return frozenset(test["gated"]) if test.get("gated") is not None else None
 
 
+def recorded_tolerances(test: Mapping[str, Any], session: Mapping[str, float]) -> dict[str, float]:
+    """A results.json test record's per-metric tolerances as its gate judged with them: the session's, under its
+    own llmperf_tolerance markers'."""
+    return {**session, **{metric_name(k): float(v) for k, v in (test.get("tolerances") or {}).items()}}
+
+
 def recorded_tolerance(results: Mapping[str, Any]) -> tuple[float, dict[str, float]]:
     """The tolerance a results.json session judged with: the default and the per-metric ones."""
     default, per_metric = results["session"].get("tolerance", [DEFAULT_TOLERANCE, {}])
@@ -725,9 +731,10 @@ def compare_results(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: f
             out.append(f"{test['test']}: new test, nothing to compare")
             continue
         stored = {"entries": [r for r in prior["results"] if not cut_short(r)], "environment": prior.get("environment")}
+        tol = recorded_tolerances(test, tolerances or {})  # as its gate judged: its markers' over the command line's
         gated, elsewhere = cpu_gate(prior.get("environment") or {}, test.get("environment") or {},
-                                    recorded_gate(test), tolerances or {})
-        verdict = compare(stored, [Entry.from_dict(r) for r in test["results"] if not cut_short(r)], tolerances, tolerance,
+                                    recorded_gate(test), tol)
+        verdict = compare(stored, [Entry.from_dict(r) for r in test["results"] if not cut_short(r)], tol, tolerance,
                           gated=gated)
         regressed |= verdict.status == "regression"
         compared += COMPARED_LABEL in verdict.labels.values()

@@ -102,7 +102,8 @@ def deviations(root: Path, hardware: str, model: str, runs: Sequence[Mapping[str
                 old = by_label.get(entry.label)
                 if old is None or bl.standing(old, entry)[0] != bl.COMPARED_LABEL:
                     continue
-                for metric in sorted(m for m in bl.TIMING if bl.gates(m, gated, tolerances)):
+                tol = bl.recorded_tolerances(test, tolerances)  # a tail a test's own marker gates is calibrated too
+                for metric in sorted(m for m in bl.TIMING if bl.gates(m, gated, tol)):
                     b, c = old.metrics.get(metric), entry.metrics.get(metric)
                     if b is not None and c is not None:
                         was = judged.get((entry.label, metric))

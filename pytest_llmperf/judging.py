@@ -9,6 +9,7 @@ judged inside the test body (`properties.checker`), by the same limit checks and
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -105,8 +106,7 @@ def judge(item: pytest.Item, perf: LLMPerf | None) -> Judgement:
         failure = "\n".join([failure, *_changes(state, test_id, perf), *([f"  {also}"] if also else [])])
     if failure is not None or perf is None:
         return Judgement(failure, kind, None, notes)
-    tolerance_marks = [m.kwargs for m in reversed(list(item.iter_markers(markers.TOLERANCE)))]
-    gated = _gate(test_id, perf, state, tolerance_marks, gate_option(item))
+    gated = _gate(test_id, perf, state, _tolerance_marks(item), gate_option(item))
     return Judgement(gated.failure, gated.kind, gated.verdict, notes + gated.notes)
 
 
@@ -207,6 +207,11 @@ def _gate(test_id: str, perf: LLMPerf, state: Session, tolerance_marks: list[dic
     return Judgement(None, "", verdict, notes)
 
 
+def _tolerance_marks(item: pytest.Item) -> list[dict[str, Any]]:
+    """The test's llmperf_tolerance markers' keywords, the one closest to the function last (it wins)."""
+    return [m.kwargs for m in reversed(list(item.iter_markers(markers.TOLERANCE)))]
+
+
 # -- the test's record -----------------------------------------------------------------------------------
 def record(item: pytest.Item, perf: LLMPerf, outcome: str, judgement: Judgement) -> TestRecord:
     """What the reports keep of a test (results.json, summary.md, the terminal table); its pictures are
@@ -222,6 +227,8 @@ def record(item: pytest.Item, perf: LLMPerf, outcome: str, judgement: Judgement)
                      gating.environment(perf, state.hardware, state.gpu, state.model_spec), [s.summary() for s in perf.sweeps])
     gated = gate_option(item)
     rec.gated = sorted(gated) if gated is not None else None
+    with contextlib.suppress(gating.BaselineError):  # a bad marker failed the test with its message already
+        rec.tolerances = gating.tolerances(_tolerance_marks(item))
     rec.untimed = verdict is not None and verdict.untimed
     rec.limits = assertions.margins(item.stash.get(LIMITS, []), [r for r in perf.results if r.label not in perf.sweep_labels],
                                     perf.sweeps)

@@ -38,6 +38,7 @@ class TestRecord:
     plots: list[str] = field(default_factory=list)  # PNG paths, relative to the report folder
     limits: list[dict[str, Any]] = field(default_factory=list)  # each limit's value and margin (assertions.margins)
     gated: list[str] | None = None  # what the test's llmperf_gate marker gates; None: the default
+    tolerances: dict[str, float] = field(default_factory=dict)  # its llmperf_tolerance markers, over the session's
     untimed: bool = False  # its timing reported, not gated: its baseline was measured on another CPU
 
 

@@ -612,8 +612,10 @@ def test_a_tolerance_per_metric_for_the_whole_session_and_the_marker_over_it(pyt
         "def test_fake", "import pytest\n@pytest.mark.llmperf_tolerance(output_tokens_per_s=0.2, requests_per_s=0.2)\n"
         "def test_fake")
     pytester.makepyfile(test_g=marked)
-    pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-tolerance=output_tokens_per_s=0.05").assert_outcomes(
-        passed=1)
+    pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-tolerance=output_tokens_per_s=0.05",
+                                 "--llmperf-report=rep").assert_outcomes(passed=1)
+    (record,) = json.loads((pytester.path / "rep" / "results.json").read_text())["tests"]
+    assert record["tolerances"] == {"output_tokens_per_s": 0.2, "requests_per_s": 0.2}  # for compare and calibrate
     bad = pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-tolerance=0.1,tokens=0.05")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["*--llmperf-tolerance/llmperf_tolerance: tolerance 'tokens=0.05': unknown metric*"])
@@ -1065,6 +1067,32 @@ def test_compare_leaves_out_results_that_were_no_valid_measurement():
     assert not regressed and compared == 1 and "t: pass" in text
     text, regressed, compared = baseline.compare_results(doc(100.0), doc(10.0), 0.1)
     assert regressed
+
+
+def test_a_tests_own_tolerances_travel_in_results_json_to_compare_and_calibrate(tmp_path):
+    """`@pytest.mark.llmperf_tolerance(p99_ttft_ms=0.15)` gates a tail in the live gate; results.json did not keep
+    it, so `python -m pytest_llmperf compare` passed the +20% the gate failed, and `calibrate` never learnt the
+    tail's spread."""
+    from pytest_llmperf import calibration
+
+    timing = {"output_tokens_per_s": 100.0, "p50_ttft_ms": 20.0, "p99_ttft_ms": 30.0}
+    samples = {"ttft": 400, "tpot": 400, "itl": 4000, "e2e": 400}
+
+    def doc(p99, tolerances):
+        e = Entry("r", "w", False, {**timing, "p99_ttft_ms": p99}, [], samples=samples).to_dict()
+        return {"session": {"tolerance": [0.1, {}]}, "tests": [
+            {"test": "t", "outcome": "passed", "gated": None, "tolerances": tolerances, "environment": {},
+             "baseline_rows": [{"label": "r", "metric": m, "baseline": v} for m, v in timing.items()],
+             "results": [{**e, "summary": {}}]}]}
+
+    text, regressed, _ = baseline.compare_results(doc(30.0, {}), doc(36.0, {"ttft_p99": 0.15}), 0.1)
+    assert regressed and "p99_ttft_ms" in text and "allowed 15.0%" in text, text
+    assert not baseline.compare_results(doc(30.0, {}), doc(36.0, {}), 0.1)[1]  # a tail no tolerance names: reported
+    baseline.write(baseline.path_for(tmp_path, "t", "h100", "m"),
+                   baseline.document("t", "h100", "m", {}, [Entry.from_dict(doc(30.0, {})["tests"][0]["results"][0])]))
+    runs = [doc(p99, {"p99_ttft_ms": 0.15}) for p99 in (33.0, 36.0, 31.0)]
+    found = calibration.deviations(tmp_path, "h100", "m", runs, {})
+    assert ("t", "r", "p99_ttft_ms") in found and len(found["t", "r", "p99_ttft_ms"]) == 3
 
 
 def test_a_gated_metric_the_baseline_holds_no_value_of_fails_where_the_run_measured_it():
