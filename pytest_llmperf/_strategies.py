@@ -16,6 +16,8 @@ readable minimal example, a seed does not.
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import strategies as st
 
 from .engine_limits import current as current_limits
@@ -88,8 +90,14 @@ def workloads(draw: st.DrawFn, min_requests: int = 1, max_requests: int = 32,
         raise ValueError(f"workloads needs 1 <= min_requests <= max_requests, got {min_requests}, {max_requests}")
     kinds = (arrivals,) if isinstance(arrivals, str) else tuple(arrivals)
     unknown = set(kinds) - set(ARRIVALS)
-    if unknown:
-        raise ValueError(f"arrivals {sorted(unknown)} unknown: choose from {ARRIVALS}")
+    if unknown or not kinds:
+        raise ValueError(f"arrivals {sorted(unknown)} unknown: choose from {ARRIVALS}" if unknown else
+                         f"workloads needs arrivals: one kind, or a tuple of kinds, of {ARRIVALS}")
+    # named here, not as Hypothesis's own min_value/max_value of arguments the caller never gave
+    if "poisson" in kinds and not (isinstance(max_qps, (int, float)) and math.isfinite(max_qps) and max_qps > 0):
+        raise ValueError(f"workloads needs a finite max_qps > 0 for poisson arrivals, got {max_qps!r}")
+    if "closed_loop" in kinds and not (isinstance(max_concurrency, int) and max_concurrency >= 1):
+        raise ValueError(f"workloads needs max_concurrency >= 1 for closed_loop arrivals, got {max_concurrency!r}")
     limits = current_limits(max_total_len)
     prefix = 0
     if shared_prefix is not False:
@@ -105,7 +113,7 @@ def workloads(draw: st.DrawFn, min_requests: int = 1, max_requests: int = 32,
         concurrency = draw(st.integers(1, max_concurrency))
         return Workload(tuple(reqs), seed=seed, concurrency=concurrency, kind=kind)
     if kind == "poisson":
-        qps = draw(st.floats(0.5, max_qps, allow_nan=False, allow_infinity=False))
+        qps = draw(st.floats(min(0.5, max_qps), max_qps, allow_nan=False, allow_infinity=False))  # a slow engine's below 0.5
         gaps = draw(st.lists(st.floats(0.0, 4.0 / qps, allow_nan=False), min_size=len(reqs), max_size=len(reqs)))
         t, timed = 0.0, []
         for r, gap in zip(reqs, gaps):

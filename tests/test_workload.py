@@ -124,6 +124,10 @@ def test_closed_loop_and_round_trip():
         (lambda: Workload.closed_loop(True, 4, 8, 8), "whole number of requests in flight"),
         (lambda: lst.lengths(1, 100, block_sizes=(0,)), "block sizes of 1 token or more"),
         (lambda: lst.requests(max_total_len=1).example(), "a request needs 2 or more"),
+        # Hypothesis's own errors named min_value and max_value, which the caller never gave
+        (lambda: lst.workloads(arrivals=()).example(), "workloads needs arrivals: one kind, or a tuple of kinds"),
+        (lambda: lst.workloads(arrivals="closed_loop", max_concurrency=0).example(), "max_concurrency >= 1"),
+        (lambda: lst.workloads(arrivals="poisson", max_qps=0).example(), "finite max_qps > 0"),
         # infinity was a due time: the run waited forever before sending it; NaN named neither qps nor burstiness
         (lambda: Request(8, 4, arrival_s=float("inf")), "arrival_s=inf must be a finite number"),
         (lambda: Workload.sessions(2, 2, 8, 4, think_s=float("inf")), "think_s=inf must be a finite number"),
@@ -138,6 +142,11 @@ def test_closed_loop_and_round_trip():
 def test_bad_input_is_a_clear_error(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
         make()
+
+
+def test_a_slow_engines_max_qps_below_a_half_is_taken():
+    w = lst.workloads(arrivals="poisson", min_requests=3, max_requests=3, max_qps=0.2).example()
+    assert w.kind == "poisson" and len(w) == 3
 
 
 def test_whole_numbers_given_as_floats_or_numpy_values_are_the_same_workload():
