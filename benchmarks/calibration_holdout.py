@@ -4,7 +4,7 @@ Each of N unchanged runs (their `results.json`, compare jobs against one set of 
 its own pytest process) is held out in turn: the other N-1 calibrate a copy of the baselines
 (`python -m pytest_llmperf calibrate`'s rule, `calibration.py`), and the held-out run's first pass is
 judged against that copy, and against the baselines without any calibration, with the gate's own
-comparison (`baseline.compare`, the test's `llmperf_gate`, the session's tolerances). A first pass that
+comparison (`baseline.compare`, the test's `llmperf_gate`, the session's tolerances under its own markers'). A first pass that
 fails is not yet a red run (the gate measures a suspect again); one that passes cannot turn red.
 
     python benchmarks/calibration_holdout.py --baselines baselines RUN/results.json RUN/results.json ...
@@ -58,7 +58,8 @@ def failing(root: Path, run: dict[str, Any], only: str | None = None) -> list[st
         stored = bl.load(bl.path_for(root, test["test"], session["hardware"], session["model"]))
         if stored is None:
             continue
-        verdict = bl.compare(stored, [bl.Entry.from_dict(r) for r in test["results"]], per_metric, default,
+        verdict = bl.compare(stored, [bl.Entry.from_dict(r) for r in test["results"]],
+                             bl.recorded_tolerances(test, per_metric), default,
                              gated=bl.recorded_gate(test),
                              borrowed=calibration.borrowed(stored, root, session["hardware"], session["model"]))
         out += [f"{test['test'].split('::')[-1]} {r.label} {r.metric} {change(r.change)}/{r.allowed:.1%}"

@@ -17,11 +17,12 @@ readable minimal example, a seed does not.
 from __future__ import annotations
 
 import math
+import numbers
 
 from hypothesis import strategies as st
 
 from .engine_limits import current as current_limits
-from .workload import Request, Workload
+from .workload import Request, Workload, whole_number
 
 ARRIVALS = ("offline", "poisson", "closed_loop")
 
@@ -94,10 +95,11 @@ def workloads(draw: st.DrawFn, min_requests: int = 1, max_requests: int = 32,
         raise ValueError(f"arrivals {sorted(unknown)} unknown: choose from {ARRIVALS}" if unknown else
                          f"workloads needs arrivals: one kind, or a tuple of kinds, of {ARRIVALS}")
     # named here, not as Hypothesis's own min_value/max_value of arguments the caller never gave
-    if "poisson" in kinds and not (isinstance(max_qps, (int, float)) and math.isfinite(max_qps) and max_qps > 0):
+    if "poisson" in kinds and not (isinstance(max_qps, numbers.Real) and not isinstance(max_qps, bool)
+                                   and math.isfinite(max_qps) and max_qps > 0):
         raise ValueError(f"workloads needs a finite max_qps > 0 for poisson arrivals, got {max_qps!r}")
-    if "closed_loop" in kinds and not (isinstance(max_concurrency, int) and max_concurrency >= 1):
-        raise ValueError(f"workloads needs max_concurrency >= 1 for closed_loop arrivals, got {max_concurrency!r}")
+    if "closed_loop" in kinds and not (whole_number(max_concurrency) and max_concurrency >= 1):
+        raise ValueError(f"workloads needs a whole max_concurrency >= 1 for closed_loop arrivals, got {max_concurrency!r}")
     limits = current_limits(max_total_len)
     prefix = 0
     if shared_prefix is not False:
@@ -110,7 +112,7 @@ def workloads(draw: st.DrawFn, min_requests: int = 1, max_requests: int = 32,
         reqs = [Request(r.prompt_len + prefix, r.output_len, prefix_group=0, prefix_len=prefix, n=r.n) for r in reqs]
     kind = draw(st.sampled_from(kinds))
     if kind == "closed_loop":
-        concurrency = draw(st.integers(1, max_concurrency))
+        concurrency = draw(st.integers(1, int(max_concurrency)))
         return Workload(tuple(reqs), seed=seed, concurrency=concurrency, kind=kind)
     if kind == "poisson":
         qps = draw(st.floats(min(0.5, max_qps), max_qps, allow_nan=False, allow_infinity=False))  # a slow engine's below 0.5

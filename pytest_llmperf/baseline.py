@@ -395,13 +395,21 @@ def load(path: Path, test_id: str | None = None) -> dict[str, Any] | None:
                             "delete it and rerun with --llmperf-baseline=update")
     for k, entry in enumerate(data["entries"]):
         try:  # its structure, now: a missing key surfaced as a KeyError inside the gate, naming no file
-            Entry.from_dict(entry)
+            parsed = Entry.from_dict(entry)
+            for values in (parsed.metrics, *parsed.per_repeat, *parsed.pass_metrics):
+                wrong = next((f"{k}={v!r}" for k, v in values.items() if not _number_or_none(v)), None)
+                if wrong:
+                    raise ValueError(f"{wrong} is not a number")
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise BaselineError(f"baseline {path} has a malformed result (entry {k}: {type(e).__name__}: {e}); fix "
                                 "or delete it, then rerun with --llmperf-baseline=update") from None
     if test_id is not None and data.get("test") not in (None, test_id):
         raise shared_file(path, data["test"], test_id)
     return data
+
+
+def _number_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def write(path: Path, document: Mapping[str, Any]) -> None:
@@ -492,7 +500,9 @@ def compare(stored: Mapping[str, Any], current: Sequence[Entry], tolerances: Map
     else:
         status = next((s for s in UNCOMPARED if s in labels.values()), NO_BASELINE)
     moved = {r.label for r in rows if r.metric == TIMELINE}
-    timelines = {e.label: (by_label[e.label].timeline, e.timeline) for e in current if e.label in moved}
+    # both step timelines, for the picture of where they part (a run whose paging is no longer exact has none)
+    timelines = {e.label: (by_label[e.label].timeline, e.timeline) for e in current
+                 if e.label in moved and e.timeline and by_label[e.label].timeline}
     return Verdict(status, tuple(rows), message="\n".join(notes), environment=stored.get("environment"), labels=labels,
                    timelines=timelines)
 
@@ -522,8 +532,10 @@ def _compare_entry(old: Entry, cur: Entry, tolerances: Mapping[str, float], defa
     deterministic = old.deterministic and cur.deterministic
     for metric, higher_better in COMPARED.items():
         b, c = old.metrics.get(metric), cur.metrics.get(metric)
-        if b is None:  # the baseline holds nothing to compare with: said where the run measured a gated metric
-            rows.extend(_unrecorded(cur, metric, c, deterministic, tolerances, default, gated) if c is not None else [])
+        if b is None:  # the baseline holds nothing to compare with: said where it stored none of a gated metric
+            recorded_none = metric in old.metrics and metric != "capacity"  # no capacity is a result: no load held
+            rows.extend(_unrecorded(cur, metric, c, deterministic, tolerances, default, gated)
+                        if recorded_none and c is not None else [])
             continue
         if c is None:
             rows.extend(_unmeasured(cur, metric, _round(b), deterministic, tolerances, default, gated))

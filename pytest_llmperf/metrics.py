@@ -323,7 +323,7 @@ def itl_gap_ends(traces: Sequence[RunTrace]) -> list[tuple[int, float]]:
     a stream stamps each line as it reads it: one step's lines, or several steps' delivered together, arrive
     microseconds apart, and counted as instants of their own they made a `vllm serve` step of 32 streams 32
     events (benchmarks/itl_steps_http.py: 992 events for 33 engine steps), so the noise of an ITL percentile
-    over HTTP collapsed. Arrivals within STEP_WINDOW_S of the one before are one burst."""
+    over HTTP collapsed. Arrivals within STEP_WINDOW_S of a burst's first are that burst."""
     ends = []
     for i, t in enumerate(traces):
         stamps = [c.t for s in t.sequences if s.ok for c in s.chunks[1:]]
@@ -336,15 +336,17 @@ STEP_WINDOW_S = 1e-3  # below an engine step's time (a decode step is millisecon
 
 
 def _bursts(stamps: Sequence[float]) -> dict[float, float]:
-    """Each instant -> the first instant of its burst: instants sorted, a burst ends where the next is more
-    than STEP_WINDOW_S after the one before. Distinct steps closer than that (none measured) merge, which
-    widens the noise, the side that raises no false alarm."""
+    """Each instant -> the first instant of its burst: instants sorted, a burst takes what arrives within
+    STEP_WINDOW_S of its first. Anchored on the first, not chained from arrival to arrival: a stream that never
+    pauses for the window (steps under 1 ms, or more lines than a client reads in a step) would otherwise be one
+    event for the whole run. Distinct steps within the window merge, which widens the noise, the side that raises
+    no false alarm; a step's lines read over more than the window count as more than one event."""
     first: dict[float, float] = {}
-    start, prev = 0.0, -math.inf
+    start = -math.inf
     for x in sorted(set(stamps)):
-        if x - prev > STEP_WINDOW_S:
+        if x - start > STEP_WINDOW_S:
             start = x
-        first[x], prev = start, x
+        first[x] = start
     return first
 
 

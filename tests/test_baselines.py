@@ -233,6 +233,10 @@ def test_files_are_sorted_atomic_and_corrupt_ones_are_errors(tmp_path):
     path.write_text('{"schema": 1, "entries": [{"label": "0", "deterministic": false, "metrics": {}}]}')
     with pytest.raises(BaselineError, match=f"baseline {path} has a malformed result .entry 0: KeyError: 'workload_hash'"):
         baseline.load(path)
+    path.write_text('{"schema": 1, "entries": [{"label": "0", "workload_hash": "w", "deterministic": false, '
+                    '"metrics": {"output_tokens_per_s": "10"}}]}')
+    with pytest.raises(BaselineError, match="entry 0: ValueError: output_tokens_per_s='10' is not a number"):
+        baseline.load(path)
 
 
 GATED = """
@@ -1111,3 +1115,8 @@ def test_a_gated_metric_the_baseline_holds_no_value_of_fails_where_the_run_measu
     # a metric only reported, or one neither side holds, says nothing
     assert baseline.compare(stored(old), [now], gated=baseline.gated_metrics(["timing"])).status == "pass"
     assert baseline.compare(stored(old), [old]).status == "pass"
+    # a capacity of none is a result (no load held the limits), and a metric a baseline never named is no null
+    held_none = Entry("s:capacity", "c", False, {"capacity": None}, [])
+    assert baseline.compare(stored(held_none), [dataclasses.replace(held_none, metrics={"capacity": 2.0})]).status == "pass"
+    older = Entry("0", "w1", True, timing, [timing])  # written before gpu_memory_peak_gib was recorded
+    assert baseline.compare(stored(older), [now]).status == "pass"

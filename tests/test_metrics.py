@@ -244,6 +244,9 @@ def test_a_steps_lines_read_one_by_one_over_http_are_one_event():
     assert over_http.samples["itl"] == in_process.samples["itl"] == 299
     assert over_http.noise["p99_itl_ms"] == pytest.approx(in_process.noise["p99_itl_ms"], rel=0.05)
     assert over_http.noise["p99_itl_ms"] > 0.3
+    # a stream that never pauses for the window is not one event for the whole run: steps 0.9 ms apart in-process
+    fast = RunTrace("fake", tuple(seq(i, 0.0, [0.0009 * (k + 1) for k in range(400)]) for i in range(4)), 0.0, 0.4)
+    assert 150 <= len(set(itl_gap_ends([fast]))) <= 399  # about one event a millisecond, never fewer
 
 
 def test_gaps_of_their_own_are_resampled_one_by_one():

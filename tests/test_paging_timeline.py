@@ -115,6 +115,7 @@ def test_a_run_whose_paging_is_no_longer_exact_fails_where_paging_is_gated():
         assert v.status == "regression" and [r.metric for r in v.regressions] == ["kv_timeline"], v
         assert v.regressions[0].reason.startswith("the baseline's paging was exact (a fixed KV pool")
         assert v.regressions[0].baseline == 7 and v.regressions[0].current is None
+        assert v.timelines == {}  # no picture of where two timelines part: the run has none (it crashed the report)
     assert baseline.compare(doc, [worse], gated=baseline.gated_metrics(["timing"])).status == "pass"  # paging not gated
     # a baseline of timed paging against an exact run: nothing was gated exactly before, nothing is lost
     timed = baseline.document("t", "cpu", "m", {}, [Entry("0", "w", False, paging, [{}])])

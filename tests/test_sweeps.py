@@ -216,7 +216,8 @@ def test_a_sweep_judged_by_the_markers_limits_is_a_capacity_curve(pytester):
     """`min_capacity(rate=..., under=...)` on a sweep given no `under=` ("default: the sweep's own under=", the other
     way round): the sweep had no limits of its own, so its saturated top point made the whole test PERF-INVALID
     instead of being over capacity, and its capacity was never compared with a baseline. FAKE engine (plugin
-    mechanics): the sweep takes the marker's limits; a saturated point of such a curve is over capacity."""
+    mechanics): the fixture hands the marker's limits to a sweep of that kind that names none (what fails on the
+    code before); the rest shows what a sweep with limits then gets, a saturated point over capacity."""
     pytester.makepyfile(test_c="""
 import pytest
 from fake_engine import FakeWarmingEngine

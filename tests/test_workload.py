@@ -126,7 +126,8 @@ def test_closed_loop_and_round_trip():
         (lambda: lst.requests(max_total_len=1).example(), "a request needs 2 or more"),
         # Hypothesis's own errors named min_value and max_value, which the caller never gave
         (lambda: lst.workloads(arrivals=()).example(), "workloads needs arrivals: one kind, or a tuple of kinds"),
-        (lambda: lst.workloads(arrivals="closed_loop", max_concurrency=0).example(), "max_concurrency >= 1"),
+        (lambda: lst.workloads(arrivals="closed_loop", max_concurrency=0).example(), "whole max_concurrency >= 1"),
+        (lambda: lst.workloads(arrivals="closed_loop", max_concurrency=True).example(), "whole max_concurrency >= 1"),
         (lambda: lst.workloads(arrivals="poisson", max_qps=0).example(), "finite max_qps > 0"),
         # infinity was a due time: the run waited forever before sending it; NaN named neither qps nor burstiness
         (lambda: Request(8, 4, arrival_s=float("inf")), "arrival_s=inf must be a finite number"),
@@ -144,9 +145,14 @@ def test_bad_input_is_a_clear_error(make, message):
         make()
 
 
-def test_a_slow_engines_max_qps_below_a_half_is_taken():
+def test_a_slow_engines_max_qps_below_a_half_is_taken_and_numpy_values_too():
+    import numpy as np
+
     w = lst.workloads(arrivals="poisson", min_requests=3, max_requests=3, max_qps=0.2).example()
     assert w.kind == "poisson" and len(w) == 3
+    assert lst.workloads(arrivals="poisson", min_requests=1, max_requests=2, max_qps=np.int64(8)).example().kind == "poisson"
+    loop = lst.workloads(arrivals="closed_loop", max_requests=2, max_concurrency=np.int64(4)).example()
+    assert 1 <= loop.concurrency <= 4
 
 
 def test_whole_numbers_given_as_floats_or_numpy_values_are_the_same_workload():
