@@ -107,6 +107,8 @@ def test_a_soak_claims_gpus_sized_by_the_tests_it_collected(pytester, monkeypatc
     for more than one: a tensor-parallel test then failed at its setup, one card short, in every round."""
     pytest.importorskip("psutil")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):  # the inner session is no xdist worker of ours
+        monkeypatch.delenv(name, raising=False)
     pytester.makeconftest(FAKE_FOUR_GPUS + "import pytest_llmperf.soak as soak\nsoak.memory_used = gpu.memory_used\n")
     pytester.makepyfile(test_tp=TENSOR_PARALLEL.replace("os.environ['CUDA_VISIBLE_DEVICES']", "'-'"))
     result = pytester.runpytest_subprocess("--llmperf-soak=2", "-p", "no:cacheprovider", "-p", "no:randomly")
