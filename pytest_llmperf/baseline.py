@@ -397,7 +397,7 @@ def load(path: Path, test_id: str | None = None) -> dict[str, Any] | None:
         try:  # its structure, now: a missing key surfaced as a KeyError inside the gate, naming no file
             parsed = Entry.from_dict(entry)
             for values in (parsed.metrics, *parsed.per_repeat, *parsed.pass_metrics):
-                wrong = next((f"{k}={v!r}" for k, v in values.items() if not _number_or_none(v)), None)
+                wrong = next((f"{name}={v!r}" for name, v in values.items() if not _number_or_none(v)), None)
                 if wrong:
                     raise ValueError(f"{wrong} is not a number")
         except (KeyError, TypeError, ValueError, AttributeError) as e:
