@@ -260,24 +260,19 @@ def test_c_stopped(hf_engine, llmperf):
     assert (pytester.path / "rep" / "summary.md").exists()
 
 
+OWN_TRY = """
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+    except Exception:
+        pass
+"""
+
 SWALLOWED = {
     # the signal lands in code that catches Exception (pytest.exit raises one): the test's own try block ...
-    "in the test body": ("", """
-    try:
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(30)
-    except Exception:
-        pass
-"""),
+    "in the test body": ("", OWN_TRY),
     # ... which then asks for another engine (the pool's NVML check of a group, a re-measurement's fallback)
-    "before another engine's start": ("", """
-    try:
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(30)
-    except Exception:
-        pass
-    hf_engine_factory(max_batch_size=2)
-"""),
+    "before another engine's start": ("", OWN_TRY + "    hf_engine_factory(max_batch_size=2)\n"),
     # ... or the plugin's judging, which turns an unforeseen error into that test's failure
     "while judging": ("""
 import os, signal
