@@ -261,8 +261,8 @@ class Row:
 
     label: str
     metric: str
-    baseline: float | None  # None: the baseline holds none (a gated metric's row then fails: `_unrecorded`)
-    current: float | None  # None: this run measured none (a gated metric's row then fails: `_unmeasured`)
+    baseline: float | None  # None: the baseline holds none (a gated metric's row then fails: `_one_side_missing`)
+    current: float | None  # None: this run measured none (a gated metric's row then fails: `_one_side_missing`)
     allowed: float  # relative tolerance applied
     # "ok", "regression", "improvement", "changed" (deterministic paging moved the better way: fails too),
     # "reported" (not gated by default, or paging under timed arrivals: shown, fails only where a test
@@ -532,13 +532,11 @@ def _compare_entry(old: Entry, cur: Entry, tolerances: Mapping[str, float], defa
     deterministic = old.deterministic and cur.deterministic
     for metric, higher_better in COMPARED.items():
         b, c = old.metrics.get(metric), cur.metrics.get(metric)
-        if b is None:  # the baseline holds nothing to compare with: said where it stored none of a gated metric
-            recorded_none = metric in old.metrics and metric != "capacity"  # no capacity is a result: no load held
-            rows.extend(_unrecorded(cur, metric, c, deterministic, tolerances, default, gated)
-                        if recorded_none and c is not None else [])
-            continue
-        if c is None:
-            rows.extend(_unmeasured(cur, metric, _round(b), deterministic, tolerances, default, gated))
+        if b is None and (c is None or metric not in old.metrics or metric == "capacity"):
+            continue  # nothing on either side, or a baseline that never named it; no capacity is a result: no load held
+        if b is None or c is None:
+            rows.extend(_one_side_missing(cur, metric, None if b is None else _round(b), None if c is None else _round(c),
+                                          deterministic, tolerances, default, gated))
             continue
         b, c = _round(b), _round(c)  # both as stored, so an unchanged run compares equal
         rows.append(_row(old, cur, metric, b, c, higher_better, deterministic, tolerances, default, gated, borrowed))
@@ -583,34 +581,24 @@ def _judged(metric: str, deterministic: bool, tolerances: Mapping[str, float], g
     return gates(metric, gated, tolerances) and not timed_paging
 
 
-def _unrecorded(cur: Entry, metric: str, c: float, deterministic: bool, tolerances: Mapping[str, float],
-                default: float, gated: frozenset[str] | None) -> list[Row]:
-    """A gated metric this run measured and the baseline holds no value of (NVML or the paging recorder could not
-    read when it was recorded): it fails, since a gate with nothing to compare with would pass every later run
-    unseen; a metric only reported is left out."""
+def _one_side_missing(cur: Entry, metric: str, b: float | None, c: float | None, deterministic: bool,
+                      tolerances: Mapping[str, float], default: float, gated: frozenset[str] | None) -> list[Row]:
+    """A metric one side holds no value of: a gated one fails, one only reported is left out. This run measured
+    none of it (a check of nothing never passes: a sweep whose every load broke its limits has no capacity, a card
+    NVML could not read no memory peak), or the baseline stored none (NVML or the paging recorder could not read
+    when it was recorded: a gate with nothing to compare with would pass every later run unseen)."""
     if not _judged(metric, deterministic, tolerances, gated):
         return []
     exact = metric in PAGING and metric not in tolerances
-    reason = (f"the baseline holds no value of this gated metric (not measured when it was recorded), this run "
-              f"measured {number(_round(c))}: record the baseline again with --llmperf-baseline=update")
-    return [Row(cur.label, metric, None, _round(c), 0.0 if exact else tolerances.get(metric, default), "regression",
-                reason, exact, cur.passes)]
-
-
-def _unmeasured(cur: Entry, metric: str, b: float, deterministic: bool, tolerances: Mapping[str, float],
-                default: float, gated: frozenset[str] | None) -> list[Row]:
-    """A metric the baseline holds and this run measured none of: a gated one fails (a check of nothing never
-    passes: a sweep whose every load broke its limits has no capacity, a card NVML could not read no memory
-    peak); one that is only reported is left out, as where both hold none."""
-    if not _judged(metric, deterministic, tolerances, gated):
-        return []
-    exact = metric in PAGING and metric not in tolerances
-    if metric == "capacity":
+    if c is not None:
+        reason = (f"the baseline holds no value of this gated metric (not measured when it was recorded), this run "
+                  f"measured {number(c)}: record the baseline again with --llmperf-baseline=update")
+    elif metric == "capacity":
         reason = f"no load held the latency limits this run (the baseline's capacity {number(b)})"
     else:
         reason = (f"not measured this run (the baseline holds {number(b)}): a gated metric with no value cannot pass; "
                   "the test's output says why it is missing")
-    return [Row(cur.label, metric, b, None, 0.0 if exact else tolerances.get(metric, default), "regression", reason,
+    return [Row(cur.label, metric, b, c, 0.0 if exact else tolerances.get(metric, default), "regression", reason,
                 exact, cur.passes)]
 
 

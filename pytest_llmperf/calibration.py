@@ -97,12 +97,12 @@ def deviations(root: Path, hardware: str, model: str, runs: Sequence[Mapping[str
                 doc = bl.load(bl.path_for(root, test["test"], hardware, model), test["test"])
                 stored[test["test"]] = {e["label"]: bl.Entry.from_dict(e) for e in doc["entries"]} if doc else {}
             by_label, gated = stored[test["test"]], bl.recorded_gate(test)
+            tol = bl.recorded_tolerances(test, tolerances)  # a tail a test's own marker gates is calibrated too
             judged = {(row["label"], row["metric"]): row["baseline"] for row in test.get("baseline_rows") or []}
             for entry in (bl.Entry.from_dict(r) for r in test["results"] if not bl.cut_short(r)):
                 old = by_label.get(entry.label)
                 if old is None or bl.standing(old, entry)[0] != bl.COMPARED_LABEL:
                     continue
-                tol = bl.recorded_tolerances(test, tolerances)  # a tail a test's own marker gates is calibrated too
                 for metric in sorted(m for m in bl.TIMING if bl.gates(m, gated, tol)):
                     b, c = old.metrics.get(metric), entry.metrics.get(metric)
                     if b is not None and c is not None:

@@ -41,7 +41,7 @@ def llmperf(request: pytest.FixtureRequest, llmperf_session: Session) -> LLMPerf
                    warmup_mode=llmperf_session.warmup, steady_engines=llmperf_session.steady_engines)
     perf.timing_gated = gates_timing(gate_option(request.node))
     perf.capacity_under = {lim.metric.removeprefix("capacity_"): dict(lim.under)
-                           for lim in request.node.stash.get(LIMITS, []) if lim.metric.startswith("capacity_") and lim.under}
+                           for lim in request.node.stash.get(LIMITS, []) if lim.on_sweeps and lim.under}
     if properties.is_property_test(request.node):
         perf.check = properties.checker(request.node.stash.get(LIMITS, []), llmperf_session.retries)
     request.node.stash[PERF] = perf

@@ -67,7 +67,7 @@ def pytest_collection(session: pytest.Session) -> Iterator[None]:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the hardware marker must be there to be selected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.pluginmanager.has_plugin(SOAK) or any(selection.uses_plugin(item) for item in items):
+    if _in_use(config, items):
         activation.activate(config, items)
     config.stash[selection.CARRIED] = selection.mark_hardware(items, config.stash[SESSION].hardware)
     # Tests that share an engine configuration run together, so each engine starts once (per soak round).
@@ -84,8 +84,13 @@ def pytest_collection_modifyitems_selected(config: pytest.Config, items: list[py
     the session gets back what it changed (a worker's CUDA_VISIBLE_DEVICES, SIGTERM's handler); otherwise each
     worker claims as many GPUs as the selected tests' engines spread over, not the deselected ones'."""
     activation.undo(config)
-    if config.pluginmanager.has_plugin(SOAK) or any(selection.uses_plugin(item) for item in items):
+    if _in_use(config, items):
         activation.activate(config, items)
+
+
+def _in_use(config: pytest.Config, items: list[pytest.Item]) -> bool:
+    """Whether the session uses the plugin: a test that does, or --llmperf-soak (every test then runs in rounds)."""
+    return config.pluginmanager.has_plugin(SOAK) or any(selection.uses_plugin(item) for item in items)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

@@ -121,20 +121,21 @@ def _choice_problems(r: Replay) -> list[str]:
     if r.timestamp_unit is not None and r.timestamp_unit not in UNITS:
         out.append(f"timestamp_unit={r.timestamp_unit!r} is unknown: choose one of {', '.join(UNITS)}")
     if r.format in ("jsonl", "csv"):
-        missing = [f for f in FIELDS if f not in (r.columns or {})]
+        columns = r.columns or {}
+        missing = [f for f in FIELDS if f not in columns]
         if missing:
             out.append(f"format={r.format!r} needs columns= naming the trace's {', '.join(missing)} column(s), e.g. "
                        "columns={'timestamp': 'Timestamp', 'input_length': 'Request tokens', "
                        "'output_length': 'Response tokens'}")
         known = (*FIELDS, "hash_ids")
-        for key in (r.columns or {}):
+        for key in columns:
             if key not in known:  # a misspelled "hash_ids" dropped every block id, and the prefix sharing with them
                 near = difflib.get_close_matches(str(key), known, n=1)
                 out.append(f"columns= key {key!r} is none of {', '.join(known)}"
                            + (f" (did you mean {near[0]!r}?)" if near else ""))
-        if "hash_ids" in (r.columns or {}) and r.block_size is None:
+        if "hash_ids" in columns and r.block_size is None:
             out.append("a hash_ids column needs block_size= (tokens per block id in that trace)")
-        if r.block_size is not None and "hash_ids" not in (r.columns or {}):
+        if r.block_size is not None and "hash_ids" not in columns:
             out.append("block_size= sizes the blocks of a hash_ids column, and columns= names none")
     elif r.columns is not None:
         out.append("format='mooncake' has fixed columns: leave columns= out, or use format='jsonl'")

@@ -124,6 +124,10 @@ def _finite_at_least_0(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(value) and value >= 0
 
 
+def _finite_positive(value: Any) -> bool:
+    return _finite_at_least_0(value) and value > 0
+
+
 def check_seed(seed: Any) -> None:
     """A workload's seed: a whole number >= 0 (numpy's generators take no other; a numpy integer is stored as an
     int, which its hash's JSON can write)."""
@@ -292,7 +296,7 @@ class Workload:
     ) -> Workload:
         """Open-loop arrivals at `qps` with gamma inter-arrival times (as `vllm bench serve`):
         shape = burstiness, mean = 1/qps. burstiness 1.0 is Poisson; < 1 burstier; > 1 more even."""
-        if not (_finite_at_least_0(qps) and qps > 0 and _finite_at_least_0(burstiness) and burstiness > 0):
+        if not (_finite_positive(qps) and _finite_positive(burstiness)):
             raise ValueError(f"poisson needs finite qps > 0 and burstiness > 0, got qps={qps}, burstiness={burstiness}")
         prompts, outputs = _draw_lengths(n, prompt_len, output_len, seed)
         arrivals = _gamma_arrivals(qps, n, seed, burstiness)
@@ -349,7 +353,7 @@ class Workload:
         `PerfResult.by_turn` reports TTFT and prefix-cache hits turn by turn."""
         if n_sessions < 1 or turns < 1:
             raise ValueError(f"sessions needs n_sessions >= 1 and turns >= 1, got {n_sessions}, {turns}")
-        if qps is not None and not (_finite_at_least_0(qps) and qps > 0):
+        if qps is not None and not _finite_positive(qps):
             raise ValueError(f"sessions needs a finite qps > 0 (or None: every session starts at once), got {qps}")
         if system_prompt_len < 0:
             raise ValueError(f"system_prompt_len={system_prompt_len!r} must be >= 0")
