@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from . import options
+from . import options, soak
 from .assertions import MarkerError
 from .engines.base import gpus_of
 from .gpu import GpuError, beside_checker, release_waiter, visible_count
@@ -28,6 +28,11 @@ _TERMINATED = pytest.StashKey[bool]()
 _ENVIRONMENT = pytest.StashKey[dict[str, str | None]]()  # what the claim may change, as it was before
 CLAIM_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")  # gpu.claim sets both under pytest-xdist
 TERMINATED = "llmperf: terminated by SIGTERM; engines stopped before exit"
+
+
+def in_use(config: pytest.Config, items: Sequence[pytest.Item]) -> bool:
+    """Whether the session uses the plugin: a test that does, or --llmperf-soak (every test then runs in rounds)."""
+    return config.pluginmanager.has_plugin(soak.PLUGIN_NAME) or any(uses_plugin(item) for item in items)
 
 
 def activate(config: pytest.Config, items: Sequence[pytest.Item] = ()) -> None:

@@ -32,8 +32,6 @@ from .report import TestRecord, terminal_lines
 from .report import write as write_report
 from .session import PERF, SESSION, Session
 
-SOAK = "llmperf-soak"  # the soak plugin's name, registered with --llmperf-soak above 1
-
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     options.add(parser)
@@ -52,7 +50,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if rounds > 1:  # the plugin is then active whatever the tests use, once they are collected (its GPUs sized by them)
         soak.host_memory_mib()  # psutil missing: a usage error now, not at every test's setup
         config.pluginmanager.register(soak.Soak(rounds, limit_mib, lambda: state.gpu.index if state.gpu else None),
-                                      SOAK)
+                                      soak.PLUGIN_NAME)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -67,7 +65,7 @@ def pytest_collection(session: pytest.Session) -> Iterator[None]:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the hardware marker must be there to be selected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _in_use(config, items):
+    if activation.in_use(config, items):
         activation.activate(config, items)
     config.stash[selection.CARRIED] = selection.mark_hardware(items, config.stash[SESSION].hardware)
     # Tests that share an engine configuration run together, so each engine starts once (per soak round).
@@ -84,13 +82,8 @@ def pytest_collection_modifyitems_selected(config: pytest.Config, items: list[py
     the session gets back what it changed (a worker's CUDA_VISIBLE_DEVICES, SIGTERM's handler); otherwise each
     worker claims as many GPUs as the selected tests' engines spread over, not the deselected ones'."""
     activation.undo(config)
-    if _in_use(config, items):
+    if activation.in_use(config, items):
         activation.activate(config, items)
-
-
-def _in_use(config: pytest.Config, items: list[pytest.Item]) -> bool:
-    """Whether the session uses the plugin: a test that does, or --llmperf-soak (every test then runs in rounds)."""
-    return config.pluginmanager.has_plugin(SOAK) or any(selection.uses_plugin(item) for item in items)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

@@ -19,6 +19,7 @@ import pytest
 from .gpu import memory_used
 
 ROUND = "llmperf_soak_round"
+PLUGIN_NAME = "llmperf-soak"  # registered with --llmperf-soak above 1
 DEFAULT_LIMIT_MIB = 256.0
 MIB = 1024**2
 
