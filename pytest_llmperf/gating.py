@@ -53,7 +53,7 @@ def entries(perf: LLMPerf) -> list[Entry]:
     left_out = searched | over_capacity(perf.sweeps)
     points = [result_entry(run, i) for i, run in enumerate(perf.runs) if run.result.label not in left_out]
     curves = [
-        Entry(label=f"{s.label}:capacity", workload_hash=_curve_hash(s), deterministic=False,
+        Entry(label=s.capacity_label, workload_hash=_curve_hash(s), deterministic=False,
               metrics={"capacity": s.capacity()}, per_repeat=[])
         for s in perf.sweeps if s.under
     ]

@@ -176,7 +176,8 @@ def _limits_verdict(test_id: str, limits: list[Limit], perf: LLMPerf | None,
     try:
         violations = assertions.check(point_limits if results else [], results)
         violations, notes = remeasure.limits_measured_again(perf, point_limits, violations, retries)
-        violations += assertions.check_sweeps(curve_limits, sweeps)
+        on_curves, curve_notes = remeasure.curves_measured_again(perf, curve_limits, retries)
+        violations, notes = violations + on_curves, notes + curve_notes
     except MarkerError as e:
         return f"llmperf: {test_id}: {e}", "error", ()
     notes += assertions.sample_notes(point_limits, results)

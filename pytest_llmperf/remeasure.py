@@ -20,6 +20,7 @@ from .assertions import Limit, MarkerError, Violation
 from .baseline import Entry, Verdict
 from .metrics import PerfResult
 from .runner import LLMPerf
+from .sweep import Sweep, SweepPoint, holds
 
 
 # -- limits (markers and property-test examples) -----------------------------------------------------
@@ -75,6 +76,56 @@ def limits_measured_again(perf: LLMPerf | None, limits: list[Limit], violations:
     return kept, notes
 
 
+# -- capacity limits (min_capacity) --------------------------------------------------------------------
+def curves_measured_again(perf: LLMPerf | None, limits: list[Limit], retries: int) -> tuple[list[Violation], list[str]]:
+    """The curve limits' violations that hold in every measurement, with a note for each curve measured again:
+    a capacity below its limit is judged again with each point that cut the curve short (up to the limit) measured
+    again on its engine, up to `retries` times, a point holding where any of its passes held. One noisy pass used
+    to lower a capacity by a whole step of the curve and fail the test at once."""
+    sweeps = perf.sweeps if perf is not None else []
+    violations = assertions.check_sweeps(limits, sweeps)
+    if perf is None:
+        return violations, []
+    kept, notes = [], []
+    for violation in violations:
+        curve = next(s for s in sweeps if s.points[-1].result is violation.result)
+        if not violation.limit.on_sweeps:  # the best throughput per GiB: not a capacity
+            kept.append(violation)
+            continue
+        try:
+            left, passes = _capacity_that_holds(perf, violation.limit, curve, retries)
+        except MarkerError:
+            raise
+        except Exception as e:  # noqa: BLE001 - judged on what was measured; the engine's error is shown
+            notes.append(f"could not measure sweep {curve.label!r} again ({type(e).__name__}: {e}); judged on the "
+                         "passes measured")
+            left, passes = [violation], 1
+        kept += [violation] if left else []
+        if passes > 1:
+            notes.append(f"sweep {curve.label!r}: its capacity fell short of @pytest.mark.{violation.limit.marker} in all {passes} "
+                         "measurements of the points that cut it (the value above is the first pass's)" if left else
+                         f"sweep {curve.label!r}: its capacity fell short of @pytest.mark.{violation.limit.marker} in its first "
+                         f"pass and held it when the points that cut it were measured again ({passes} passes): noise, "
+                         "not a regression")
+    return kept, notes
+
+
+def _capacity_that_holds(perf: LLMPerf, limit: Limit, curve: Sweep, retries: int) -> tuple[list[Violation], int]:
+    """The limit's violations of the curve left once the points that cut it short are measured again (up to `retries`
+    times, until none is left), and the passes the worst of those points got."""
+    curve = replace(curve, under=dict(limit.under) or dict(curve.under))
+    passes = 1
+    for n in range(1, retries + 1):
+        cut = _points_that_cut(curve, limit.bound)
+        if not cut:
+            break
+        curve = _with_points_held(curve, more_passes(perf, {p.result.label for p in cut}, 1, salt=n))
+        passes += 1
+        if not assertions.check_sweeps([limit], [curve]):
+            break
+    return assertions.check_sweeps([limit], [curve]), passes
+
+
 # -- the baseline gate ---------------------------------------------------------------------------------
 def judged_against_baseline(stored: Mapping[str, Any], perf: LLMPerf, current: Sequence[Entry], tol: Mapping[str, float],
           default_tolerance: float, retries: int, paging: str = "strict",
@@ -86,13 +137,14 @@ def judged_against_baseline(stored: Mapping[str, Any], perf: LLMPerf, current: S
     start agree; a busy host or an unlucky start slows some passes, a regression slows all of them
     (docs/performance.md, false alarms)."""
     verdict = baseline.compare(stored, current, tol, default_tolerance, paging, gated, borrowed)
-    suspects = verdict.worth_measuring_again() & set(_result_indices(perf))
-    first = set(suspects)
+    indices = _result_indices(perf)
+    suspects = verdict.worth_measuring_again() & (set(indices) | {s.capacity_label for s in perf.sweeps})
+    first, curves = set(suspects), {s.label: s for s in perf.sweeps}
     for n in range(1, retries + 1):
         if not suspects:
             break
         try:
-            current = best_of_more_passes(perf, current, suspects, 1, salt=n, fresh_start=True)
+            current, curves = _measured_again(perf, current, suspects, curves, _baseline_capacities(verdict), salt=n)
         except Exception as e:  # noqa: BLE001 - judged on what was measured; the engine's error is shown
             return replace(verdict, message=_joined(verdict.message, f"could not measure {', '.join(sorted(suspects))} "
                                                     f"again ({type(e).__name__}: {e}); judged on the passes measured"))
@@ -107,25 +159,87 @@ def judged_against_baseline(stored: Mapping[str, Any], perf: LLMPerf, current: S
     return verdict
 
 
+def _measured_again(perf: LLMPerf, current: Sequence[Entry], suspects: set[str], curves: dict[str, Sweep],
+                    capacities: Mapping[str, float], salt: int) -> tuple[list[Entry], dict[str, Sweep]]:
+    """One more look at each suspect, every engine involved started again first: a result's entry becomes
+    the best of its passes, and a capacity is judged again on its curve with each point that cut it short
+    (up to the baseline's capacity) measured again, a point holding where any of its passes held its limits."""
+    cut = {label: _points_that_cut(curve, capacities[curve.capacity_label]) for label, curve in curves.items()
+           if curve.capacity_label in suspects and curve.capacity_label in capacities}
+    labels = (suspects | {p.result.label for points in cut.values() for p in points}) & set(_result_indices(perf))
+    again = more_passes(perf, labels, 1, salt, fresh_start=True)
+    out = [_best_with(perf, e, again[e.label]) if e.label in again else e for e in current]
+    curves = {label: _with_points_held(curve, again) if label in cut else curve for label, curve in curves.items()}
+    by_label = {curve.capacity_label: curve for label, curve in curves.items() if label in cut}
+    return [_capacity_again(e, by_label[e.label]) if e.label in by_label else e for e in out], curves
+
+
+def _baseline_capacities(verdict: Verdict) -> dict[str, float]:
+    """A curve's capacity label -> the baseline's capacity, of each capacity that regressed."""
+    return {r.label: r.baseline for r in verdict.regressions if r.metric == "capacity" and r.baseline is not None}
+
+
+def _points_that_cut(curve: Sweep, reach: float) -> list[SweepPoint]:
+    """The points that break the curve's limits below the first load of `reach` or more, that one included:
+    those that must hold for its capacity to reach it. None past a point that failed a request (a failure is
+    never noise: the curve stays cut there)."""
+    out = []
+    for point in sorted(curve.points, key=lambda p: p.value):
+        if point.result.failed:
+            break
+        if not holds(point.result, curve.under):
+            out.append(point)
+        if point.value >= reach:
+            break
+    return out
+
+
+def _with_points_held(curve: Sweep, again: Mapping[str, Sequence[PerfResult]]) -> Sweep:
+    """The curve with each point measured again replaced by a pass that held its limits, when one did."""
+    def held(point: SweepPoint) -> SweepPoint:
+        passes = [r for r in again.get(point.result.label, ()) if holds(r, curve.under)]
+        return SweepPoint(point.value, passes[0]) if passes and not holds(point.result, curve.under) else point
+    return replace(curve, points=tuple(held(p) for p in curve.points))
+
+
+def _capacity_again(entry: Entry, curve: Sweep) -> Entry:
+    """A capacity entry judged again on its curve's points, each the pass that held, one pass more."""
+    return replace(entry, metrics={**entry.metrics, "capacity": curve.capacity()}, passes=entry.passes + 1)
+
+
+def _best_with(perf: LLMPerf, entry: Entry, passes: Sequence[PerfResult]) -> Entry:
+    """`entry` as the best of itself and `passes`; a pass that failed a request, or whose client fell
+    behind, clears nothing."""
+    i = _result_indices(perf)[entry.label]
+    again = [baseline.result_entry(replace(perf.runs[i], result=r), i) for r in passes if not (r.invalid or r.failed)]
+    return baseline.best_of([entry, *again])
+
+
+def more_passes(perf: LLMPerf, labels: set[str], times: int, salt: int = 1,
+                fresh_start: bool = False) -> dict[str, list[PerfResult]]:
+    """Each result named in `labels` measured `times` more (salts `salt`, `salt` + 1, ...), the passes of one
+    result one after another. With `fresh_start`, each engine involved is started again first (once, for all its
+    results)."""
+    indices = _result_indices(perf)
+    started: list[Any] = []
+    out: dict[str, list[PerfResult]] = {}
+    for label in sorted(labels & set(indices), key=lambda label: _restart_order(perf, indices[label])):
+        i = indices[label]
+        if fresh_start and not any(perf.runs[i].engine is e for e in started):
+            started.append(perf.restart_engine(i))
+        out[label] = [perf.remeasure(i, salt + k) for k in range(times)]
+    return out
+
+
 def best_of_more_passes(perf: LLMPerf, current: Sequence[Entry], labels: set[str], times: int, salt: int = 1,
                         fresh_start: bool = False) -> list[Entry]:
     """`current` with each result named in `labels` measured `times` more and replaced by its best
-    (`baseline.best_of`) of the valid ones; sweep capacities are derived, not measured, and stay as they are. With
-    `fresh_start`, each engine involved is started again first (once, for all its results)."""
-    indices = _result_indices(perf)
-    out = list(current)
-    wanted = [pos for pos, e in enumerate(out) if e.label in labels and e.label in indices]
-    started: list[Any] = []
-    for pos in sorted(wanted, key=lambda pos: _restart_order(perf, indices[out[pos].label])):
-        entry = out[pos]
-        i = indices[entry.label]
-        if fresh_start and not any(perf.runs[i].engine is e for e in started):
-            started.append(perf.restart_engine(i))
-        passes = [perf.remeasure(i, salt + k) for k in range(times)]
-        # a pass that failed a request, or whose client fell behind, clears nothing
-        again = [baseline.result_entry(replace(perf.runs[i], result=r), i) for r in passes if not (r.invalid or r.failed)]
-        out[pos] = baseline.best_of([entry, *again])
-    return out
+    (`baseline.best_of`) of the valid ones; sweep capacities are derived, not measured, and stay as they are
+    (the gate's second look judges them again: `judged_against_baseline`). With `fresh_start`, each engine
+    involved is started again first (once, for all its results)."""
+    wanted = {e.label for e in current} & labels
+    again = more_passes(perf, wanted, times, salt, fresh_start)
+    return [_best_with(perf, e, again[e.label]) if e.label in again else e for e in current]
 
 
 def _restart_order(perf: LLMPerf, index: int) -> tuple[bool, int]:

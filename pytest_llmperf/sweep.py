@@ -30,6 +30,11 @@ class Sweep:
     searched: bool = False  # a bisection (find_capacity) rather than a fixed list
 
     @property
+    def capacity_label(self) -> str:
+        """The label of its capacity's baseline entry."""
+        return f"{self.label}:capacity"
+
+    @property
     def values(self) -> list[float]:
         return [p.value for p in self.points]
 

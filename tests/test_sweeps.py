@@ -245,3 +245,63 @@ def test_curve(llmperf):
     curve = Sweep("rate", "s", (point(1, 100, 10), top), {"p99_ttft_ms": 1e6})
     perf = SimpleNamespace(sweeps=[curve], results=[p.result for p in curve.points], sweep_labels={"s@1", "s@4"})
     assert _invalid("t", perf) == ""
+
+
+NOISY_CURVE = """
+import pytest
+from fake_engine import FakeWarmingEngine
+from pytest_llmperf import Workload
+
+# a FAKE engine (plugin mechanics): each point's pass of 8 requests answers in the time it is told, in order
+@pytest.mark.min_capacity(concurrency=4, under={"p99_ttft_ms": 500})
+def test_curve(llmperf):
+    engine = FakeWarmingEngine(DURATIONS)
+    llmperf.sweep(engine, lambda c: Workload.closed_loop(int(c), 8, 16, 10), concurrency=[1, 2, 4, 8], warmup=False)
+"""
+
+
+@pytest.mark.parametrize("durations, outcome, said", [
+    # the point at 4 slow once: measured again, it holds, and the capacity reaches the limit
+    ([0.01, 0.01, 1.0, 1.0, 0.01], "passed", "in its first pass and held it when the points that cut it were measured "
+     "again (2 passes): noise, not a regression"),
+    ([0.01, 0.01, 1.0, 1.0, 1.0, 1.0], "failed", "in all 3 measurements of the points that cut it (the value above is "
+     "the first pass's)"),
+])
+def test_a_capacity_cut_short_by_one_noisy_point_is_measured_again_before_it_fails(pytester, durations, outcome, said):
+    """One slow pass at a point under the limit lowered the capacity by a whole step and failed min_capacity at once:
+    the points that cut the curve short (up to the limit, not past it) are measured again, as a violated latency
+    limit is. FAKE engine (plugin mechanics, fake_engine.py)."""
+    pytester.makepyfile(NOISY_CURVE.replace("DURATIONS", repr(durations)))
+    result = pytester.runpytest_inprocess("-p", "no:randomly", "-rA", "--llmperf-baseline=off")
+    result.assert_outcomes(**{outcome: 1})
+    out = result.stdout.str()
+    assert "sweep 'sweep': its capacity fell short of @pytest.mark.min_capacity(concurrency=4" in out and said in out, out
+
+
+def _curve_gate(tmp_path, mode, durations):
+    """The baseline gate on a concurrency curve of a FAKE engine (plugin mechanics): its points' passes of 8 requests
+    answer in the times given, in order."""
+    from fake_engine import FakeWarmingEngine
+
+    from pytest_llmperf import Workload
+    from pytest_llmperf.gating import GateConfig, gate
+    from pytest_llmperf.runner import LLMPerf
+
+    engine, perf = FakeWarmingEngine(durations), LLMPerf()
+    perf.sweep(engine, lambda c: Workload.closed_loop(int(c), 8, 16, 10), concurrency=[1, 2, 4, 8], warmup=False,
+               under={"p99_ttft_ms": 500})
+    return gate("t", perf, GateConfig(mode, tmp_path, 0.10, "cpu", "m", 2), {}, {}), engine
+
+
+def test_a_capacity_that_regressed_in_one_pass_is_judged_again_on_its_points_measured_again(tmp_path):
+    """A capacity is derived from its points, and the gate's second look measured only results again: a capacity
+    one noisy point had cut short failed at once, even when that point's own entry passed as noise."""
+    _curve_gate(tmp_path, "update", [0.01, 0.01, 0.01, 1.0])  # capacity 4: the point at 8 breaks the limit
+    verdict, engine = _curve_gate(tmp_path, "compare", [0.01, 0.01, 1.0, 1.0, 0.01])  # 4 slow once
+    assert verdict.status == "pass", verdict
+    assert engine.full_passes == 5  # 4 points, then the point at 4 once more: its entry and the capacity share it
+    assert "'sweep:capacity' regressed in its first pass and was measured again" in verdict.message
+    verdict, engine = _curve_gate(tmp_path, "compare", [0.01, 0.01, 1.0])  # 4 slow in every pass
+    assert verdict.status == "regression" and engine.full_passes == 6
+    row = next(r for r in verdict.regressions if r.metric == "capacity")
+    assert (row.baseline, row.current) == (4, 2) and "in every one of 3 passes" in row.reason
