@@ -352,12 +352,15 @@ def _undersampled(limit: Limit, result: PerfResult) -> tuple[float, str, int] | 
 def _confirmed(limit: Limit, result: PerfResult) -> bool:
     """Whether a violated percentile limit is violated beyond chance: on fewer samples than the
     percentile needs, only when even the lower end of its 95% interval is over the limit (a p99 of
-    16 requests is their largest: one slow request would fail it)."""
+    16 requests is their largest: one slow request would fail it). Samples too few for any lower end
+    (a median of 5 or fewer) must all be over it: the least of them is the lowest end they can give, and
+    a limit that no sample could fail would guard nothing."""
     few = _undersampled(limit, result)
     values = _per_request(result, few[1]) if few else None
     if values is None:
         return True
     lo, _ = quantiles.interval(values, few[0])
+    lo = lo if lo is not None else min(values, default=None)
     return lo is not None and lo > limit.bound
 
 
@@ -377,8 +380,8 @@ def sample_notes(limits: Iterable[Limit], results: Sequence[PerfResult]) -> list
                 values_of = _per_request(result, few[1]) or []
                 lower = ("the lower end of its 95% interval is within the limit"
                          if quantiles.interval(values_of, few[0])[0] is not None else
-                         f"{few[2]} samples give no lower end of a 95% interval, so not even all of them over the limit "
-                         "would show it")
+                         f"{few[2]} samples give no lower end of a 95% interval: it fails only when every sample is "
+                         "over the limit")
                 notes.append(f"{limit.metric} = {number(measured)} ms > limit {number(limit.bound)} ms (from "
                              f"@pytest.mark.{limit.marker}){label}: {why}, and {lower}; measure more requests to gate it")
             elif limit.holds(measured):

@@ -278,11 +278,15 @@ def test_a_percentile_limit_on_too_few_samples_fails_only_beyond_chance_and_says
     notes = assertions.sample_notes(limit, [one_slow, fast])
     assert "> limit 250 ms" in notes[0] and "not gated: 16 samples, a p99 needs about 368" in notes[0]
     assert "the lower end of its 95% interval is within the limit" in notes[0]
-    # five samples give a median no lower end at all: the note says so rather than naming an end that is not there
+    # five samples give a median no lower end at all: the limit fails when every sample is over it (it could not
+    # fail at all before: a median limit on 1-5 requests passed with 5 s against 250 ms), and says so otherwise
     median = assertions.parse("max_p50_ms", (), {"ttft": 250}, None)
-    all_slow = result([5000] * 5)
-    assert assertions.check(median, [all_slow]) == []
-    assert "5 samples give no lower end of a 95% interval" in assertions.sample_notes(median, [all_slow])[0]
+    all_slow, most_slow = result([5000] * 5), result([5000] * 4 + [100])
+    assert [v.measured for v in assertions.check(median, [all_slow])] == [5000]
+    assert [v.measured for v in assertions.check(median, [result([5000])])] == [5000]
+    assert assertions.check(median, [most_slow]) == []
+    assert ("5 samples give no lower end of a 95% interval: it fails only when every sample is over the limit"
+            in assertions.sample_notes(median, [most_slow])[0])
     assert "holds in this sample, but proves little: not gated: 16 samples" in notes[1]
     # enough samples: the point estimate is judged as it always was
     plenty = result([100] * 395 + [400] * 5)
