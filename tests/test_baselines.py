@@ -141,6 +141,19 @@ def test_tails_are_reported_not_gated_unless_a_tolerance_names_them():
     assert asked.status == "regression" and [r.metric for r in asked.regressions] == ["p99_ttft_ms"]
 
 
+def test_a_reasoning_models_time_to_its_answer_is_compared_reported_unless_a_tolerance_gates_it():
+    """Longer reasoning moves the time to the answer (TTFO) and not TTFT: the comparison left TTFO out, so a
+    reasoning model that now thinks twice as long before answering showed no row at all."""
+    old = entry([{"p50_ttft_ms": 20.0, "p50_ttfo_ms": 400.0, "p99_ttfo_ms": 600.0}])
+    new = entry([{"p50_ttft_ms": 20.0, "p50_ttfo_ms": 800.0, "p99_ttfo_ms": 1200.0}])
+    v = baseline.compare(stored(old), [new])
+    assert v.status == "pass"
+    assert {r.metric: r.verdict for r in v.rows} == {"p50_ttft_ms": "ok", "p50_ttfo_ms": "reported",
+                                                      "p99_ttfo_ms": "reported"}
+    asked = baseline.compare(stored(old), [new], tolerances={"p50_ttfo_ms": 0.2})
+    assert asked.status == "regression" and [r.metric for r in asked.regressions] == ["p50_ttfo_ms"]
+
+
 def test_a_gated_percentile_of_too_few_samples_says_so_and_never_fails():
     few = {"ttft": 16, "tpot": 16, "itl": 900, "e2e": 16}
     old = Entry("0", "w1", True, {"p99_ttft_ms": 50.0, "p50_ttft_ms": 20.0}, [{}], samples=few)
