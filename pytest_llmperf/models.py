@@ -117,12 +117,18 @@ def model_config(model: ModelSpec) -> dict | None:
 
 
 def stored_name(spec: str) -> str:
-    """The model's name in baselines: a shape or hub id as given, a local folder by its own name only
-    (`local:Llama-3.1-8B`), so that no path of this machine is stored or keys a baseline."""
+    """The model's name in baselines: a shape or hub id as given, a snapshot in Hugging Face's cache by its
+    hub id (its folder is named for the revision: a new revision would start a baseline of its own), another
+    local folder by its own name only (`local:Llama-3.1-8B`), so that no path of this machine is stored or
+    keys a baseline."""
     if spec.startswith(SHAPE_PREFIX) or (spec.count("/") == 1 and not spec.startswith(("/", ".", "~"))
                                          and not Path(spec).expanduser().exists()):
         return spec
-    return "local:" + Path(spec).expanduser().resolve().name
+    folder = Path(spec).expanduser().resolve()
+    repo = folder.parent.parent.name
+    if folder.parent.name == "snapshots" and repo.startswith("models--"):  # <cache>/models--org--name/snapshots/<rev>
+        return repo.removeprefix("models--").replace("--", "/", 1)
+    return "local:" + folder.name
 
 
 def check_spec(spec: str) -> None:

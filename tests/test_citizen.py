@@ -187,6 +187,10 @@ def test_a_local_model_folder_is_stored_by_its_name_never_its_path(tmp_path):
     assert stored_name(str(folder)) == "local:Llama-3.1-8B" and str(tmp_path) not in stored_name(str(folder))
     assert stored_name("shape:llama-3.1-8b") == "shape:llama-3.1-8b"
     assert stored_name("meta-llama/Llama-3.1-8B") == "meta-llama/Llama-3.1-8B"
+    # a snapshot in Hugging Face's cache is named for its revision: it is stored as the hub id it came from
+    snapshot = tmp_path / "hub" / "models--meta-llama--Llama-3.1-8B" / "snapshots" / "0e9e39f249a16976918f6564b8830bc894c89659"
+    snapshot.mkdir(parents=True)
+    assert stored_name(str(snapshot)) == "meta-llama/Llama-3.1-8B"
 
 
 def test_the_header_says_what_will_be_judged_before_anything_starts(pytester):
