@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from . import calibration
-from .baseline import DEFAULT_TOLERANCE, BaselineError, compare_results, parse_tolerance, recorded_tolerance
+from .baseline import (
+    DEFAULT_TOLERANCE,
+    PAGING_MODES,
+    BaselineError,
+    compare_results,
+    parse_tolerance,
+    recorded_tolerance,
+)
 from .report import load
 
 
@@ -25,9 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     cmp = sub.add_parser("compare", help="compare two results.json files (old, new)")
     cmp.add_argument("old")
     cmp.add_argument("new")
-    cmp.add_argument("--tolerance", default=str(DEFAULT_TOLERANCE),
-                     help=f"relative tolerance of timing metrics (default {DEFAULT_TOLERANCE}), and per metric "
-                          "if given: 0.10,output_tokens_per_s=0.05")
+    cmp.add_argument("--tolerance", default=None,
+                     help="relative tolerance of timing metrics, and per metric if given: 0.10,output_tokens_per_s=0.05 "
+                          f"(default: the new run's own, as its gate judged; {DEFAULT_TOLERANCE} in a report that "
+                          "names none)")
+    cmp.add_argument("--paging", choices=PAGING_MODES, default=None,
+                     help="whether a moved step timeline fails (strict) or is reported (summary); default: the new "
+                          "run's own --llmperf-paging")
     cal = sub.add_parser("calibrate", help="store in the baselines the allowance unchanged runs show each metric needs")
     cal.add_argument("runs", nargs="+", help=f"results.json of at least {calibration.MIN_RUNS} unchanged runs "
                                              "(--llmperf-report), each in its own pytest process (with --add, any number)")
@@ -42,9 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "calibrate":
         return _calibrate(args)
     try:
-        tolerance, tolerances = parse_tolerance(args.tolerance)
         old, new = load(args.old), load(args.new)
-        text, regressed, compared = compare_results(old, new, tolerance, tolerances)
+        _one_class_and_model(old, new)
+        tolerance, tolerances = parse_tolerance(args.tolerance) if args.tolerance else recorded_tolerance(new)
+        paging = args.paging or new["session"].get("paging", "strict")
+        text, regressed, compared = compare_results(old, new, tolerance, tolerances, paging)
     except (ValueError, KeyError, TypeError) as e:  # bad input is status 2: status 1 means a regression
         print(f"error: {_why(e)}", file=sys.stderr)
         return 2
@@ -55,6 +68,16 @@ def main(argv: list[str] | None = None) -> int:
               "the old one first", file=sys.stderr)
         return 2
     return 1 if regressed else 0
+
+
+def _one_class_and_model(old: dict[str, Any], new: dict[str, Any]) -> None:
+    """A baseline holds for one hardware class and model, so the reports must share both: an H100 run against an
+    H200 one would fail as a regression, a smaller model's would pass as an improvement."""
+    before, after = ((r["session"]["hardware"], r["session"]["model"]) for r in (old, new))
+    if before != after:
+        raise ValueError(f"the reports are of different hardware classes or models (old: {before[0]}, {before[1]}; "
+                         f"new: {after[0]}, {after[1]}): a baseline judges one class and model; compare a run with one "
+                         "of the same class and model")
 
 
 def _why(error: Exception) -> str:

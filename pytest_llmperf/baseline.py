@@ -719,10 +719,11 @@ def cut_short(result: Mapping[str, Any]) -> bool:
 
 
 def compare_results(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: float,
-                    tolerances: Mapping[str, float] | None = None) -> tuple[str, bool, int]:
+                    tolerances: Mapping[str, float] | None = None, paging: str = "strict") -> tuple[str, bool, int]:
     """Two `results.json` documents (`--llmperf-report`): the regression table of every test present in
-    both, with the baseline rules (`tolerances`: per metric, over `tolerance`), whether any regressed, and
-    how many tests had a result compared (a changed workload, label or engine compares none)."""
+    both, with the baseline rules (`tolerances`: per metric, over `tolerance`; `paging`: whether a moved step
+    timeline fails), whether any regressed, and how many tests had a result compared (a changed workload,
+    label or engine compares none)."""
     before = {t["test"]: t for t in old["tests"] if t["results"]}
     out, regressed, compared = [], False, 0
     for test in new["tests"]:
@@ -737,7 +738,7 @@ def compare_results(old: Mapping[str, Any], new: Mapping[str, Any], tolerance: f
         gated, elsewhere = cpu_gate(prior.get("environment") or {}, test.get("environment") or {},
                                     recorded_gate(test), tol)
         verdict = compare(stored, [Entry.from_dict(r) for r in test["results"] if not cut_short(r)], tol, tolerance,
-                          gated=gated)
+                          paging, gated=gated)
         regressed |= verdict.status == "regression"
         compared += COMPARED_LABEL in verdict.labels.values()
         message = "; ".join(m for m in (elsewhere, verdict.message) if m)

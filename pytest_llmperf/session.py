@@ -89,6 +89,7 @@ class Session:
         return {"engine": self.engine_name, "model": self.model_spec, "hardware": self.hardware, "gpu": gpu,
                 "gpus": [asdict(g) for g in self.gpus],
                 "baseline_mode": self.gate.mode, "tolerance": [self.gate.tolerance, dict(self.gate.tolerances)],
+                "paging": self.gate.paging,
                 "warmup": self.warmup, "engine_config": self.engine_defaults,
                 "time_to_verdict_s": {**self.own_times(), **({"workers": self.worker_times} if self.worker_times else {})}}
 

@@ -144,6 +144,61 @@ def test_compare_cli_applies_the_baseline_rules(pytester):
     assert schema_only.returncode == 2 and "not a pytest-llmperf results.json" in schema_only.stderr
 
 
+def _report(path, tok, hardware="h200", model="shape:llama-3.1-8b", tolerance=(0.10, {}), p99=50.0, paging=None,
+            timeline=None):
+    """A results.json of one test and one result, as --llmperf-report writes it."""
+    from pytest_llmperf.baseline import Entry
+    from pytest_llmperf.report import TestRecord, document, result_record
+
+    metrics = {"output_tokens_per_s": tok, "p50_ttft_ms": 50.0, "p99_ttft_ms": p99, "kv_blocks_peak": 40}
+    entry = Entry("0", "w1", timeline is not None, metrics, [metrics], engine="vllm", samples={"ttft": 1000},
+                  timeline=timeline)
+    env = {"engine": "vllm", "engine_version": "0.26.0", "hardware": hardware}
+    session = {"hardware": hardware, "model": model, "baseline_mode": "compare", "tolerance": list(tolerance),
+               **({"paging": paging} if paging else {})}
+    record = TestRecord("t.py::test_a", "passed", results=[result_record(entry, {}, {})], environment=env)
+    path.write_text(json.dumps(document([record], session)))
+    return str(path)
+
+
+def test_compare_cli_judges_as_the_runs_gate_did_and_only_one_class_and_model(tmp_path, capsys):
+    """`compare` judged an H100 report against an H200 one (a false alarm, or a smaller model's run passed as an
+    improvement), with a tolerance of 0.1 whatever the runs were gated with, and every moved timeline failed even
+    where the runs' own `--llmperf-paging summary` only reported it."""
+    from types import SimpleNamespace
+
+    from pytest_llmperf.__main__ import main
+    from pytest_llmperf.paging_timeline import Step, Timeline
+
+    def compare(old, new, *options):  # the command's own main, in this process (as `python -m pytest_llmperf`)
+        code = main(["compare", old, new, *options])
+        out = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+
+    old = _report(tmp_path / "old.json", 100.0)
+    for where in (dict(hardware="h100"), dict(model="shape:tiny-llama")):
+        other = compare(old, _report(tmp_path / "other.json", 300.0, **where))
+        assert other.returncode == 2 and "different hardware classes or models" in other.stderr, other
+        assert "h200" in other.stderr and "shape:llama-3.1-8b" in other.stderr
+    # the runs' own tolerance: a session that gated p99 TTFT at 15% fails its doubling; one at 65% passes -20%
+    gated_p99 = (0.10, {"p99_ttft_ms": 0.15})
+    doubled = compare(_report(tmp_path / "a.json", 100.0, tolerance=gated_p99),
+                      _report(tmp_path / "b.json", 100.0, tolerance=gated_p99, p99=100.0))
+    assert doubled.returncode == 1 and "p99_ttft_ms" in doubled.stdout, doubled
+    loose = (1.5, {"output_tokens_per_s": 0.65})
+    slower = compare(_report(tmp_path / "c.json", 100.0, tolerance=loose), _report(tmp_path / "d.json", 80.0, tolerance=loose))
+    assert slower.returncode == 0, slower
+    assert compare(str(tmp_path / "c.json"), str(tmp_path / "d.json"), "--tolerance", "0.1").returncode == 1
+    # the runs' own paging mode: a moved timeline is reported under summary, fails under strict
+    steps = (Timeline((Step(2, 0, 10, ("0", "1")), Step(0, 0, 0))).to_dict(),
+             Timeline((Step(1, 1, 6, ("0",)), Step(0, 0, 0))).to_dict())
+    for paging, status in (("summary", 0), ("strict", 1)):
+        moved = compare(_report(tmp_path / "e.json", 100.0, timeline=steps[0], paging=paging),
+                        _report(tmp_path / "f.json", 100.0, timeline=steps[1], paging=paging))
+        assert moved.returncode == status, (paging, moved)
+    assert compare(str(tmp_path / "e.json"), str(tmp_path / "f.json"), "--paging", "strict").returncode == 1
+
+
 def test_under_xdist_the_controller_reports_every_worker(pytester):
     pytest.importorskip("xdist")
     pytester.makepyfile(test_x="""
