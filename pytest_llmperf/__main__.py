@@ -110,10 +110,11 @@ def _calibrate(args: argparse.Namespace) -> int:
         for path, run in zip(args.runs, runs):
             _unchanged(root, hardware, model, run, path)
         if args.add:
-            found = _added(root, hardware, model, runs, args.runs, tolerances)
+            found, kept = _added(root, hardware, model, runs, args.runs, tolerances), 0
         else:
             found = calibration.deviations(root, hardware, model, runs, tolerances)
-        calibrated = calibration.allowances(found, args.alpha)
+            kept = calibration.kept_elsewhere(root, hardware, model, found)
+        calibrated = calibration.allowances(found, args.alpha, kept)
     except (ValueError, KeyError, TypeError, BaselineError) as e:
         print(f"error: {_why(e)}", file=sys.stderr)
         return 2
@@ -127,7 +128,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         return 0
     total = max(len(a.deviations) for a in calibrated)  # with --add, the stored runs and these
     try:
-        written = calibration.write(root, hardware, model, calibrated, total, args.alpha)
+        written = calibration.write(root, hardware, model, calibrated, total, args.alpha, len(calibrated) + kept)
     except BaselineError as e:  # each baseline is written whole or not at all; the message names the one that failed
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -157,6 +158,11 @@ def _each_once(runs: list[dict[str, Any]], paths: list[str]) -> None:
 
 
 def _unchanged(root: Path, hardware: str, model: str, run: dict[str, Any], path: str) -> None:
+    mode = run["session"].get("baseline_mode")  # a run kept by benchmarks/keep_run.py before 2026-12-08 names none
+    if mode not in (None, "compare", "require"):
+        raise ValueError(f"{path} ran with --llmperf-baseline={mode}: it was not compared with the baselines, so it "
+                         "shows nothing of their spread (a run that recorded them deviates by 0); calibrate from runs "
+                         "made with --llmperf-baseline=compare or require")
     changed = calibration.changed_settings(root, hardware, model, run)
     if changed:
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""

@@ -201,15 +201,26 @@ def seen_before(stored: Mapping[tuple[str, str, str], Sequence[float]],
     return bool(keys) and all(any(abs(d - s) <= same for s in stored[key]) for key in keys for d in run[key])
 
 
-def allowances(found: Mapping[tuple[str, str, str], Sequence[float]], alpha: float = ALPHA) -> list[Allowance]:
-    """The allowance of every metric that at least MIN_RUNS runs measured; M counts those."""
+def allowances(found: Mapping[tuple[str, str, str], Sequence[float]], alpha: float = ALPHA,
+               kept: int = 0) -> list[Allowance]:
+    """The allowance of every metric that at least MIN_RUNS runs measured; M counts those and `kept`, the
+    calibrated metrics of the suite's other tests, which keep theirs (`kept_elsewhere`): the suite's
+    false-alarm budget is split over every comparison it makes, not over those calibrated this time."""
     enough = {key: tuple(d) for key, d in found.items() if len(d) >= MIN_RUNS}
-    return [Allowance(*key, d, bound(d, len(enough), alpha)) for key, d in sorted(enough.items())]
+    return [Allowance(*key, d, bound(d, len(enough) + kept, alpha)) for key, d in sorted(enough.items())]
+
+
+def kept_elsewhere(root: Path, hardware: str, model: str, found: Mapping[tuple[str, str, str], Sequence[float]]) -> int:
+    """The stored calibrated metrics of tests a calibration from `found` leaves as they are (tests it does not
+    write: one recorded again and calibrated alone still shares the suite's budget with the others)."""
+    rewritten = {key[0] for key, d in found.items() if len(d) >= MIN_RUNS}
+    return sum(key[0] not in rewritten for key in stored_deviations(root, hardware, model))
 
 
 def write(root: Path, hardware: str, model: str, calibrated: Sequence[Allowance], runs: int,
-          alpha: float = ALPHA) -> list[Path]:
-    """Store each allowance in its baseline entry (replacing an older calibration); returns the files."""
+          alpha: float = ALPHA, comparisons: int | None = None) -> list[Path]:
+    """Store each allowance in its baseline entry (replacing an older calibration); returns the files.
+    `comparisons`: the M the allowances were split over (default: those calibrated)."""
     by_test: dict[str, list[Allowance]] = {}
     for a in calibrated:
         by_test.setdefault(a.test, []).append(a)
@@ -226,7 +237,8 @@ def write(root: Path, hardware: str, model: str, calibrated: Sequence[Allowance]
             if mine:
                 entry["calibration"] = {a.metric: round(a.allowance, DECIMALS) for a in mine}
                 entry["calibration_runs"] = {a.metric: [round(d, DECIMALS) for d in a.deviations] for a in mine}
-        stored["calibrated"] = {"runs": runs, "alpha": alpha, "comparisons": len(calibrated)}
+        stored["calibrated"] = {"runs": runs, "alpha": alpha,
+                                "comparisons": len(calibrated) if comparisons is None else comparisons}
         bl.write(path, stored)
         written.append(path)
     return written

@@ -287,3 +287,49 @@ def test_invalid_partial_or_untimed_results_teach_a_calibration_nothing(tmp_path
     before["tests"][0]["baseline_rows"] = [{"label": label, "metric": "output_tokens_per_s", "baseline": 1e9}]
     with pytest.raises(ValueError, match="recorded again since"):
         calibration.deviations(tmp_path, "cpu", "m", unchanged + [before], {})
+
+
+def _run_doc(path, tok, mode="compare", test_id="t::t0", env=None):
+    """A results.json of one compare run of one test (one result), as --llmperf-report writes it."""
+    from pytest_llmperf.report import TestRecord, document, result_record
+
+    metrics = {"output_tokens_per_s": tok, "requests_per_s": tok / 10, "p50_ttft_ms": 5000 / tok, "p50_tpot_ms": 10.0}
+    entry = baseline.Entry("0", "w1", False, metrics, [metrics], engine="vllm")
+    record = TestRecord(test_id, "passed", results=[result_record(entry, {}, {})], environment=env or {})
+    session = {"hardware": "h200", "model": "m", "baseline_mode": mode, "tolerance": [0.1, {}]}
+    path.write_text(json.dumps(document([record], session)))
+    return str(path)
+
+
+def test_calibrate_refuses_runs_not_compared_and_splits_alpha_over_the_whole_suite(tmp_path, capsys):
+    """The run that recorded the baselines (deviation 0), or one made with the gate off, was taken as an unchanged
+    compare run; and a test recorded again and calibrated alone split the false-alarm budget over its own 4 metrics,
+    not the suite's 24, so its allowances were far tighter than the rest's."""
+    from pytest_llmperf.__main__ import main
+
+    root = tmp_path / "baselines"
+    env = {"engine": "vllm", "engine_version": "0.26.0", "engine_config": {}}
+    deviations = {m: [0.01 * (i % 5) for i in range(14)] for m in ("output_tokens_per_s", "requests_per_s",
+                                                                     "p50_ttft_ms", "p50_tpot_ms")}
+    for k in range(1, 6):  # five tests calibrated from 14 runs, 4 metrics each
+        metrics = {"output_tokens_per_s": 100.0, "requests_per_s": 10.0, "p50_ttft_ms": 50.0, "p50_tpot_ms": 10.0}
+        entry = baseline.Entry("0", "w1", False, metrics, [metrics], engine="vllm",
+                               calibration={m: 0.08 for m in deviations}, calibration_runs=deviations)
+        baseline.write(baseline.path_for(root, f"t::t{k}", "h200", "m"), baseline.document(f"t::t{k}", "h200", "m", env, [entry]))
+    metrics = {"output_tokens_per_s": 100.0, "requests_per_s": 10.0, "p50_ttft_ms": 50.0, "p50_tpot_ms": 10.0}
+    baseline.write(baseline.path_for(root, "t::t0", "h200", "m"),  # recorded again: no calibration of its own
+                   baseline.document("t::t0", "h200", "m", env, [baseline.Entry("0", "w1", False, metrics, [metrics],
+                                                                                engine="vllm")]))
+    runs = [_run_doc(tmp_path / f"r{i}.json", tok, env=env) for i, tok in enumerate((97.0, 94.0, 91.0))]
+    for mode in ("update", "off"):
+        other = _run_doc(tmp_path / f"{mode}.json", 100.0, mode=mode, env=env)
+        assert main(["calibrate", other, *runs[:2], "--baseline-dir", str(root)]) == 2
+        assert f"ran with --llmperf-baseline={mode}: it was not compared with the baselines" in capsys.readouterr().err
+
+    assert main(["calibrate", *runs, "--baseline-dir", str(root)]) == 0, capsys.readouterr().err
+    stored = baseline.load(baseline.path_for(root, "t::t0", "h200", "m"))
+    assert stored["calibrated"]["comparisons"] == 24  # its 4 metrics and the 20 the other tests keep
+    (entry,) = stored["entries"]
+    tok = entry["calibration_runs"]["output_tokens_per_s"]
+    assert entry["calibration"]["output_tokens_per_s"] == pytest.approx(calibration.bound(tok, 24), abs=1e-3)
+    assert calibration.bound(tok, 24) > calibration.bound(tok, 4) + 0.1
