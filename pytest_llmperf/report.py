@@ -76,10 +76,12 @@ def markdown(records: Sequence[TestRecord], session: Mapping[str, Any]) -> str:
                   "body (see pytest's own summary)."]
     curves = [(rec.test, sw) for rec in records for sw in rec.sweeps]
     if curves:
+        # a curve whose largest load held has a capacity of at least that load, not found (`Sweep.capped`)
         lines += ["", "### Sweeps", "", "| test | sweep | over | capacity | under | Pareto points | best balance |",
                   "|---|---|---|---|---|---|---|"]
         lines += [f"| `{t}` | {sw['label']} | {sw['kind']} {', '.join(cell(v) for v in sw['values'])} | "
-                  f"{cell(sw['capacity'])} | {', '.join(f'{k} <= {v}' for k, v in sw['under'].items()) or '-'} | "
+                  f"{'>= ' if sw.get('capped') else ''}{cell(sw['capacity'])} | "
+                  f"{', '.join(f'{k} <= {v}' for k, v in sw['under'].items()) or '-'} | "
                   f"{', '.join(cell(v) for v in sw['pareto'])} | {cell(sw['best_balance'])} |" for t, sw in curves]
     pictures = [(rec.test, p) for rec in records for p in rec.plots]
     if pictures:

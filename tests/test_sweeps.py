@@ -105,6 +105,7 @@ def test_min_capacity_passes_and_fails_on_a_real_sweep(pytester):
     assert all((pytester.path / "rep" / p).stat().st_size > 10_000 for p in plots)
     summary = (pytester.path / "rep" / "summary.md").read_text()
     assert "### Sweeps" in summary and "### Plots" in summary
+    assert "| >= 4 |" in summary  # every load held: the capacity is at least the largest, not found
     # the curve limit has its margin line and its row in results.json, as a point limit has
     (margin,) = doc["tests"][0]["limits"]
     assert margin["metric"] == "capacity_concurrency" and margin["measured"] == 4 and margin["result"] == "sweep"
