@@ -142,7 +142,7 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
             # the extra passes of a baseline (the best of several, across a fresh start) are for timing;
             # a test that gates no timing metric records its first pass (paging repeats exactly)
             if baseline.gates_timing(gated):
-                current = _recorded(perf, current, cfg.retries)
+                current = remeasure.recorded(perf, current, cfg.retries)
         except Exception as e:  # noqa: BLE001 - the engine's own error, reported; the old baseline stays
             raise BaselineError(f"could not measure again for the baseline ({type(e).__name__}: {e}); "
                                 f"nothing written to {path}") from e
@@ -161,15 +161,6 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
                                                 gated, calibration.borrowed(stored, cfg.root, cfg.hardware, cfg.model))
     # the other CPU's note after the verdict's own: `require` fails on the first line, which must name what is missing
     return replace(verdict, message=_joined(verdict.message, elsewhere), untimed=True) if elsewhere else verdict
-
-
-def _recorded(perf: LLMPerf, current: Sequence[Entry], retries: int) -> list[Entry]:
-    """What a baseline stores: the best of 1 + `retries` passes, the last in a fresh engine start, so
-    that the file also says how far two starts of this engine land apart on each metric (a comparison
-    always crosses a start: the baseline's CI job and the pull request's)."""
-    labels = {e.label for e in current}
-    out = remeasure.best_of_more_passes(perf, current, labels, retries - 1) if retries > 1 else list(current)
-    return remeasure.best_of_more_passes(perf, out, labels, 1, salt=retries, fresh_start=True) if retries >= 1 else out
 
 
 def unmet_requirement(verdict: Verdict | None, cfg: GateConfig, test_id: str) -> str | None:

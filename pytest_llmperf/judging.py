@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from . import activation, assertions, gating, markers, remeasure
+from . import activation, assertions, gating, markers, properties, remeasure
 from .assertions import Limit, MarkerError
 from .baseline import load as load_baseline
 from .baseline import path_for, slug
@@ -66,8 +66,13 @@ def check_inputs(item: pytest.Item) -> None:
 
 def limits(item: pytest.Item) -> list[Limit]:
     state = item.config.stash[SESSION]
-    return [limit for mark in item.iter_markers() if mark.name in assertions.MARKERS
-            for limit in assertions.parse(mark.name, mark.args, mark.kwargs, state.hardware, state.hardware_classes)]
+    found = [limit for mark in item.iter_markers() if mark.name in assertions.MARKERS
+             for limit in assertions.parse(mark.name, mark.args, mark.kwargs, state.hardware, state.hardware_classes)]
+    curve = next((lim for lim in found if lim.on_sweeps), None)
+    if curve is not None and properties.is_property_test(item):  # its examples are judged one llmperf.run at a time
+        raise MarkerError(f"@pytest.mark.{curve.marker} judges a sweep's capacity, and a property test's examples are "
+                          "judged one llmperf.run each: put the sweep and its min_capacity in a plain test")
+    return found
 
 
 def _check_baseline_file(item: pytest.Item) -> None:

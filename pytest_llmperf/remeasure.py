@@ -164,8 +164,9 @@ def _measured_again(perf: LLMPerf, current: Sequence[Entry], suspects: set[str],
     """One more look at each suspect, every engine involved started again first: a result's entry becomes
     the best of its passes, and a capacity is judged again on its curve with each point that cut it short
     (up to the baseline's capacity) measured again, a point holding where any of its passes held its limits."""
-    cut = {label: _points_that_cut(curve, capacities[curve.capacity_label]) for label, curve in curves.items()
-           if curve.capacity_label in suspects and curve.capacity_label in capacities}
+    cut = {label: points for label, curve in curves.items()
+           if curve.capacity_label in suspects and curve.capacity_label in capacities
+           and (points := _points_that_cut(curve, capacities[curve.capacity_label]))}
     labels = (suspects | {p.result.label for points in cut.values() for p in points}) & set(_result_indices(perf))
     again = more_passes(perf, labels, 1, salt, fresh_start=True)
     out = [_best_with(perf, e, again[e.label]) if e.label in again else e for e in current]
@@ -181,12 +182,15 @@ def _baseline_capacities(verdict: Verdict) -> dict[str, float]:
 
 def _points_that_cut(curve: Sweep, reach: float) -> list[SweepPoint]:
     """The points that break the curve's limits below the first load of `reach` or more, that one included:
-    those that must hold for its capacity to reach it. None past a point that failed a request (a failure is
-    never noise: the curve stays cut there)."""
+    those that must hold for its capacity to reach it. None where measuring them again could not lift it
+    there: a point on the way failed a request (never noise: the curve stays cut there), or the curve is a
+    bisection (`find_capacity`), whose later loads followed from its first pass's points."""
+    if curve.searched:
+        return []
     out = []
     for point in sorted(curve.points, key=lambda p: p.value):
         if point.result.failed:
-            break
+            return []
         if not holds(point.result, curve.under):
             out.append(point)
         if point.value >= reach:
@@ -202,9 +206,23 @@ def _with_points_held(curve: Sweep, again: Mapping[str, Sequence[PerfResult]]) -
     return replace(curve, points=tuple(held(p) for p in curve.points))
 
 
-def _capacity_again(entry: Entry, curve: Sweep) -> Entry:
-    """A capacity entry judged again on its curve's points, each the pass that held, one pass more."""
-    return replace(entry, metrics={**entry.metrics, "capacity": curve.capacity()}, passes=entry.passes + 1)
+def _capacity_again(entry: Entry, curve: Sweep, more: int = 1) -> Entry:
+    """A capacity entry judged again on its curve's points, each the pass that held, `more` passes more."""
+    return replace(entry, metrics={**entry.metrics, "capacity": curve.capacity()}, passes=entry.passes + more)
+
+
+def recorded(perf: LLMPerf, current: Sequence[Entry], retries: int) -> list[Entry]:
+    """What a baseline stores: each result the best of 1 + `retries` passes, the last in a fresh engine start
+    (so that the file also says how far two starts land apart on each metric: a comparison always crosses
+    a start), and each capacity judged on its curve with a point holding where any of its passes held, as
+    the gate's second look judges the run it is compared with."""
+    labels = {e.label for e in current}
+    earlier = more_passes(perf, labels, retries - 1) if retries > 1 else {}
+    last = more_passes(perf, labels, 1, salt=retries, fresh_start=True) if retries >= 1 else {}
+    again = {label: [*earlier.get(label, []), *last.get(label, [])] for label in {*earlier, *last}}
+    out = [_best_with(perf, e, again[e.label]) if e.label in again else e for e in current]
+    curves = {s.capacity_label: _with_points_held(s, again) for s in perf.sweeps if not s.searched}
+    return [_capacity_again(e, curves[e.label], retries) if e.label in curves and again else e for e in out]
 
 
 def _best_with(perf: LLMPerf, entry: Entry, passes: Sequence[PerfResult]) -> Entry:

@@ -169,6 +169,7 @@ class LLMPerf:
         workload. Points are results too (labelled `label@value`); limit markers judge the curve
         through `min_capacity`, not each point."""
         kind, values = _sweep_values(concurrency, rates)
+        self._check_sweep_label(label)
         problem = unknown_latency_metrics(under or {})
         if problem:  # before any point runs, not after the whole sweep
             raise ValueError(problem)
@@ -191,6 +192,7 @@ class LLMPerf:
         problem = unknown_latency_metrics(under)
         if problem:  # before the first point, not after it
             raise ValueError(problem)
+        self._check_sweep_label(label)
         points: list[SweepPoint] = []
 
         def name(rate: float) -> str:
@@ -257,6 +259,17 @@ class LLMPerf:
             f"its timing metrics carry ±{noise:.0%} of noise, which baseline comparisons allow for. Use repeats >= 3, "
             "a CUDA-graph (non-eager) configuration, or a longer workload", stacklevel=3)
         return len(rates)
+
+    def _check_sweep_label(self, label: str) -> None:
+        """A sweep's label names its capacity's baseline entry: two sweeps of one label (a concurrency and a rate
+        sweep, whose points' names differ) would share it, and one capacity would never be compared. A property
+        test keeps one example's result at a time, so it can hold no curve."""
+        if self.check is not None:
+            raise ValueError("llmperf.sweep and find_capacity measure a curve, and a property test's examples are "
+                             "judged one llmperf.run each: sweep in a plain test")
+        if any(s.label == label for s in self.sweeps):
+            raise ValueError(f"this test already recorded a sweep labelled {label!r}: give each sweep and find_capacity "
+                             "of a test a label of its own (label=...)")
 
     def _keep(self, sweep: Sweep) -> Sweep:
         self.sweeps.append(sweep)

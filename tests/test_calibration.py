@@ -211,9 +211,10 @@ def test_calibrate_refuses_what_cannot_calibrate(tmp_path):
     cut.write_text(json.dumps({"schema": 1, "session": {"model": "m"}, "tests": []}))
     bad = _cli("calibrate", str(cut), run("cpu"), run("cpu"))
     assert bad.returncode == 2 and "without 'hardware'" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
-    empty = _cli("compare", str(cut), run("cpu"))  # two reports with no test in common: nothing compared is no pass
+    empty = _cli("compare", run("cpu"), run("cpu"))  # two reports with no test in common: nothing compared is no pass
     assert empty.returncode == 2 and "nothing was compared" in empty.stderr, empty.stderr
-    cut.write_text(json.dumps({"schema": 1, "session": {}, "tests": [{"test": "t", "results": [{"label": "0"}]}]}))
+    cut.write_text(json.dumps({"schema": 1, "session": {"hardware": "cpu", "model": "m"},
+                               "tests": [{"test": "t", "results": [{"label": "0"}]}]}))
     broken = _cli("compare", str(cut), str(cut))
     assert broken.returncode == 2 and "without 'workload_hash'" in broken.stderr, broken.stderr
 

@@ -116,6 +116,37 @@ def test_a_property_test_whose_examples_are_never_valid_is_perf_invalid(pytester
     assert "PERF-INVALID" in out, out
 
 
+CURVES = """
+import pytest
+from hypothesis import given, strategies as st
+from fake_engine import FakeWarmingEngine
+from pytest_llmperf import Workload
+
+# a FAKE engine (plugin mechanics)
+@pytest.mark.min_capacity(concurrency=2, under={"p99_ttft_ms": 500})
+@given(n=st.just(8))
+def test_capacity(llmperf, n):
+    llmperf.run(FakeWarmingEngine([0.01]), Workload.offline(n, prompt_len=16, output_len=10), warmup=False)
+
+@given(n=st.just(8))
+def test_sweep(llmperf, n):
+    llmperf.sweep(FakeWarmingEngine([0.01]), lambda c: Workload.closed_loop(int(c), n, 16, 10), concurrency=[1, 2],
+                  warmup=False)
+"""
+
+
+def test_a_property_test_holds_no_curve_and_says_so_before_it_measures(pytester):
+    """A `@given` test judged `min_capacity` at each example's first sweep point as if it were a point metric (an
+    error that blamed a missing GPU) and each overloaded point by the point limits; a property test keeps one
+    example's result at a time, so it can hold no curve: both are refused, saying where they belong."""
+    pytester.makepyfile(test_curves=CURVES)
+    result = pytester.runpytest_inprocess("-p", "no:randomly", "--llmperf-baseline=off")
+    result.assert_outcomes(failed=1, errors=1)
+    out = result.stdout.str()
+    assert "@pytest.mark.min_capacity(concurrency=2" in out and "put the sweep and its min_capacity in a plain test" in out
+    assert "llmperf.sweep and find_capacity measure a curve" in out and "sweep in a plain test" in out, out
+
+
 PLANTED = """
 import pytest
 from hypothesis import given, strategies as st

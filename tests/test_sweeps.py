@@ -210,7 +210,7 @@ def test_a_bisection_stops_where_its_points_could_no_longer_be_named_apart():
                                rel_tol=0, max_runs=8)
     assert [p.result.label for p in sweep.points] == ["capacity@1", "capacity@1.00001"] and sweep.max_rate == 1
     with pytest.raises(ValueError, match="too close to name apart"):
-        perf.find_capacity(FakeWarmingEngine([1.0]), rate, under={"p99_ttft_ms": 100}, lo=1, hi=1.0000001)
+        perf.find_capacity(FakeWarmingEngine([1.0]), rate, under={"p99_ttft_ms": 100}, lo=1, hi=1.0000001, label="close")
 
 
 def test_a_sweep_judged_by_the_markers_limits_is_a_capacity_curve(pytester):
@@ -306,3 +306,50 @@ def test_a_capacity_that_regressed_in_one_pass_is_judged_again_on_its_points_mea
     assert verdict.status == "regression" and engine.full_passes == 6
     row = next(r for r in verdict.regressions if r.metric == "capacity")
     assert (row.baseline, row.current) == (4, 2) and "in every one of 3 passes" in row.reason
+
+
+def test_only_points_whose_passes_could_lift_a_capacity_are_measured_again():
+    """Measuring a curve's points again cannot lift its capacity past a point that failed a request (never noise),
+    nor bring back the loads a bisection steered away from: those are not measured again (each round used to start
+    the engine afresh for them and count a pass that was never made)."""
+    from pytest_llmperf.remeasure import _points_that_cut
+
+    slow, fine = point(4, 300, 90), point(8, 320, 10)
+    curve = Sweep("concurrency", "s", (point(1, 100, 10), point(2, 180, 10), slow, fine), {"p99_tpot_ms": 40})
+    assert [p.value for p in _points_that_cut(curve, 8)] == [4]  # up to the first load of 8 or more
+    assert _points_that_cut(curve, 2) == []  # the capacity already reaches 2
+    failed = SweepPoint(2, replace(point(2, 180, 10).result, failed=1))
+    assert _points_that_cut(replace(curve, points=(curve.points[0], failed, slow, fine)), 8) == []
+    assert _points_that_cut(replace(curve, searched=True), 8) == []
+
+
+def test_a_baseline_capacity_is_judged_on_its_recording_passes_as_the_comparison_is(tmp_path):
+    """`update` measured each point again but stored the first pass's capacity, while the comparison lets a point hold
+    where any of its passes held: a capacity cut short by noise at recording became the baseline, and a real fall to
+    it passed. FAKE engine (plugin mechanics): the point at 4 is slow in its first pass only."""
+    from pytest_llmperf import baseline
+
+    verdict, _ = _curve_gate(tmp_path, "update", [0.01, 0.01, 1.0, 1.0, 0.01])
+    assert verdict.status == "updated"
+    stored = baseline.load(baseline.path_for(tmp_path, "t", "cpu", "m"))
+    (capacity,) = [e for e in stored["entries"] if e["label"] == "sweep:capacity"]
+    assert capacity["metrics"]["capacity"] == 8 and capacity["passes"] == 3  # the first pass alone gave 2
+
+
+def test_two_sweeps_of_one_label_are_refused_before_the_second_runs():
+    """Their points' names differ (a concurrency and a rate sweep), but both capacities were stored as
+    'sweep:capacity' and one was never compared. FAKE engine (plugin mechanics)."""
+    from fake_engine import FakeWarmingEngine
+
+    from pytest_llmperf import Workload
+    from pytest_llmperf.runner import LLMPerf
+
+    engine, perf = FakeWarmingEngine([0.01]), LLMPerf()
+    perf.sweep(engine, lambda c: Workload.closed_loop(int(c), 8, 16, 10), concurrency=[1], warmup=False)
+    before = len(engine.passes)
+    with pytest.raises(ValueError, match="already recorded a sweep labelled 'sweep'"):
+        perf.sweep(engine, lambda r: Workload.poisson(r, 8, prompt_len=16, output_len=10, seed=1), rates=[3], warmup=False)
+    with pytest.raises(ValueError, match="already recorded a sweep labelled 'sweep'"):
+        perf.find_capacity(engine, lambda r: Workload.poisson(r, 8, prompt_len=16, output_len=10, seed=1),
+                           under={"p99_ttft_ms": 100}, lo=1, hi=4, label="sweep")
+    assert len(engine.passes) == before
