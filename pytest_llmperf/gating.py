@@ -157,10 +157,26 @@ def gate(test_id: str, perf: LLMPerf, cfg: GateConfig, env: Mapping[str, Any],
                        labels={e.label: baseline.NO_BASELINE for e in current})
     tol = {**cfg.tolerances, **tol}
     gated, elsewhere = baseline.cpu_gate(stored.get("environment") or {}, env, gated, tol)
+    stored, current = _through_capacity(stored, current, perf)
     verdict = remeasure.judged_against_baseline(stored, perf, current, tol, cfg.tolerance, cfg.retries, cfg.paging,
                                                 gated, calibration.borrowed(stored, cfg.root, cfg.hardware, cfg.model))
     # the other CPU's note after the verdict's own: `require` fails on the first line, which must name what is missing
     return replace(verdict, message=_joined(verdict.message, elsewhere), untimed=True) if elsewhere else verdict
+
+
+def _through_capacity(stored: Mapping[str, Any], current: Sequence[Entry],
+                      perf: LLMPerf) -> tuple[dict[str, Any], list[Entry]]:
+    """The baseline and the run without the curve points that only one side measured because the other side's
+    engine saturated there (over capacity: no entry, `entries`): such a point is compared through its curve's
+    capacity, and which points past the knee saturate is noise. Named as missing, it failed `require`."""
+    held = {e["label"] for e in stored["entries"]}
+    mine = {e.label for e in current}
+    curves = [s for s in perf.sweeps if s.under and not s.searched and s.capacity_label in held & mine]
+    points = {p.result.label for s in curves for p in s.points}
+    gone = (held - mine) & over_capacity(curves)  # saturated in this run, an entry in the baseline
+    new = (mine - held) & points  # an entry in this run, none in the baseline: saturated there
+    return ({**stored, "entries": [e for e in stored["entries"] if e["label"] not in gone]},
+            [e for e in current if e.label not in new])
 
 
 def unmet_requirement(verdict: Verdict | None, cfg: GateConfig, test_id: str) -> str | None:

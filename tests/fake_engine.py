@@ -171,3 +171,37 @@ class FakeBesideEngine(FakeStoppingEngine):
     def shutdown(self):
         self.alive = False
         self.log.append(f"stop {self._config['id']}")
+
+
+class FakeScriptedEngine(Engine):
+    """A FAKE engine for plugin mechanics: each pass of a workload of more than 4 requests behaves as `script`
+    says for its load (the workload's seed) and call: "ok" (TTFT 10 ms), "slow" (1 s, flat) or "saturated" (TTFT
+    rising with arrival, as an engine that cannot keep up); shorter workloads (warm-ups) are "ok"."""
+
+    name, version = "fake", "0"
+    max_model_len, vocab_size = 4096, 1000
+    model = None
+
+    def __init__(self, script):
+        self.script, self.calls = script, {}
+
+    @property
+    def config(self):
+        return {}
+
+    def run(self, workload, salt=0):
+        kind = "ok"
+        if len(workload) > 4:
+            k = self.calls[workload.seed] = self.calls.get(workload.seed, -1) + 1
+            kinds = self.script[workload.seed]
+            kind = kinds[min(k, len(kinds) - 1)]
+        seqs = []
+        for i, r in enumerate(workload.requests):
+            ttft = {"ok": 0.01, "slow": 1.0, "saturated": 0.01 + 0.2 * i}[kind]
+            seqs.append(SequenceTrace(i, 0, r.prompt_len, r.output_len, r.arrival_s,
+                                      (Chunk(r.arrival_s + ttft, 1), Chunk(r.arrival_s + ttft + 0.01 * r.output_len,
+                                                                             r.output_len - 1))))
+        return RunTrace("fake", tuple(seqs), 0.0, max(s.chunks[-1].t for s in seqs))
+
+    def shutdown(self):
+        pass

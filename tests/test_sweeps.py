@@ -353,3 +353,29 @@ def test_two_sweeps_of_one_label_are_refused_before_the_second_runs():
         perf.find_capacity(engine, lambda r: Workload.poisson(r, 8, prompt_len=16, output_len=10, seed=1),
                            under={"p99_ttft_ms": 100}, lo=1, hi=4, label="sweep")
     assert len(engine.passes) == before
+
+
+def test_a_point_past_the_knee_saturated_on_one_side_only_is_compared_through_the_capacity(tmp_path):
+    """A point over capacity has no entry when its engine saturated there and one when it was merely slow; which
+    it is near the knee is noise, and the point named as missing (or as having no baseline) failed `require`
+    although its curve's capacity and every other point compared unchanged. FAKE engine (plugin mechanics)."""
+    from fake_engine import FakeScriptedEngine
+
+    from pytest_llmperf import Workload
+    from pytest_llmperf.gating import GateConfig, gate, unmet_requirement
+    from pytest_llmperf.runner import LLMPerf
+
+    def run(mode, top, root):
+        perf = LLMPerf()
+        perf.sweep(FakeScriptedEngine({2: ["ok"], 4: ["ok"], 8: ["ok"], 16: [top]}),
+                   lambda q: Workload.poisson(qps=q, n=24, prompt_len=16, output_len=10, seed=int(q)),
+                   rates=[2, 4, 8, 16], warmup=False, under={"p99_ttft_ms": 500})
+        cfg = GateConfig(mode, root, 0.10, "cpu", "m", 2)
+        return gate("t", perf, cfg, {"engine": "fake"}, {}), cfg, perf
+
+    for recorded, now in (("slow", "saturated"), ("saturated", "slow")):
+        run("update", recorded, tmp_path / recorded)
+        verdict, cfg, perf = run("require", now, tmp_path / recorded)
+        assert perf.sweeps[0].capacity() == 8 and verdict.status == "pass", verdict
+        assert verdict.labels["sweep:capacity"] == "compared" and "sweep@16" not in verdict.labels, verdict.labels
+        assert unmet_requirement(verdict, cfg, "t") is None
