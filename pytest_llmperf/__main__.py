@@ -23,6 +23,7 @@ from .baseline import (
     parse_tolerance,
     recorded_tolerance,
 )
+from .models import stored_name
 from .report import load
 
 
@@ -73,11 +74,17 @@ def main(argv: list[str] | None = None) -> int:
 def _one_class_and_model(old: dict[str, Any], new: dict[str, Any]) -> None:
     """A baseline holds for one hardware class and model, so the reports must share both: an H100 run against an
     H200 one would fail as a regression, a smaller model's would pass as an improvement."""
-    before, after = ((r["session"]["hardware"], r["session"]["model"]) for r in (old, new))
+    before, after = _class_and_model(old), _class_and_model(new)
     if before != after:
         raise ValueError(f"the reports are of different hardware classes or models (old: {before[0]}, {before[1]}; "
                          f"new: {after[0]}, {after[1]}): a baseline judges one class and model; compare a run with one "
                          "of the same class and model")
+
+
+def _class_and_model(report: dict[str, Any]) -> tuple[str, str]:
+    """A report's hardware class and its model as baselines name it (`models.stored_name`: a hub id and its
+    snapshot in Hugging Face's cache are one model; a local folder is known by its name, not its path)."""
+    return report["session"]["hardware"], stored_name(report["session"]["model"])
 
 
 def _why(error: Exception) -> str:
@@ -174,7 +181,7 @@ def _session(runs: list[dict[str, Any]], paths: list[str], add: bool) -> tuple[s
     """The hardware class, model and per-metric tolerances every run shares."""
     if len(runs) < calibration.MIN_RUNS and not add:
         raise ValueError(f"a calibration needs at least {calibration.MIN_RUNS} runs, got {len(runs)}")
-    sessions = [(r["session"]["hardware"], r["session"]["model"]) for r in runs]
+    sessions = [_class_and_model(r) for r in runs]
     if len(set(sessions)) > 1:
         found = ", ".join(f"{p}: {h}/{m}" for p, (h, m) in zip(paths, sessions))
         raise ValueError(f"the runs are of different hardware classes or models ({found}); calibrate each apart")

@@ -171,10 +171,13 @@ def _through_capacity(stored: Mapping[str, Any], current: Sequence[Entry],
     capacity, and which points past the knee saturate is noise. Named as missing, it failed `require`."""
     held = {e["label"] for e in stored["entries"]}
     mine = {e.label for e in current}
+    capacities = {e["label"]: e["metrics"].get("capacity") for e in stored["entries"]}
     curves = [s for s in perf.sweeps if s.under and not s.searched and s.capacity_label in held & mine]
-    points = {p.result.label for s in curves for p in s.points}
-    gone = (held - mine) & over_capacity(curves)  # saturated in this run, an entry in the baseline
-    new = (mine - held) & points  # an entry in this run, none in the baseline: saturated there
+    # past the knee on both sides: a point the baseline's capacity covered that saturates now is a loss, named as one
+    past_now = {p.result.label for s in curves for p in s.points if p.value > (s.capacity() or 0)}
+    past_then = {p.result.label for s in curves for p in s.points if p.value > (capacities[s.capacity_label] or 0)}
+    gone = (held - mine) & over_capacity(curves) & past_then  # saturated in this run, an entry in the baseline
+    new = (mine - held) & past_now & past_then  # an entry in this run, none in the baseline: saturated there
     return ({**stored, "entries": [e for e in stored["entries"] if e["label"] not in gone]},
             [e for e in current if e.label not in new])
 

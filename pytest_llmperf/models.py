@@ -127,7 +127,8 @@ def stored_name(spec: str) -> str:
     folder = Path(spec).expanduser().resolve()
     repo = folder.parent.parent.name
     if folder.parent.name == "snapshots" and repo.startswith("models--"):  # <cache>/models--org--name/snapshots/<rev>
-        return repo.removeprefix("models--").replace("--", "/", 1)
+        hub_id = repo.removeprefix("models--").replace("--", "/", 1)
+        return hub_id if "/" in hub_id else "local:" + hub_id  # no org (gpt2): as `gpt2` given itself is named
     return "local:" + folder.name
 
 

@@ -216,7 +216,10 @@ def recorded(perf: LLMPerf, current: Sequence[Entry], retries: int) -> list[Entr
     (so that the file also says how far two starts land apart on each metric: a comparison always crosses
     a start), and each capacity judged on its curve with a point holding where any of its passes held, as
     the gate's second look judges the run it is compared with."""
-    labels = {e.label for e in current}
+    # a curve's points that broke its limits too, those over capacity without an entry included (a point that
+    # saturated once would otherwise keep the recorded capacity cut short)
+    labels = {e.label for e in current} | {p.result.label for s in perf.sweeps if s.under and not s.searched
+                                            for p in s.points if not holds(p.result, s.under)}
     earlier = more_passes(perf, labels, retries - 1) if retries > 1 else {}
     last = more_passes(perf, labels, 1, salt=retries, fresh_start=True) if retries >= 1 else {}
     again = {label: [*earlier.get(label, []), *last.get(label, [])] for label in {*earlier, *last}}

@@ -225,11 +225,12 @@ def test_calibrate_refuses_a_run_that_changed_what_it_measured(tmp_path):
     test_id, root = "t.py::test_x", tmp_path / "baselines"
     recorded = {"engine": "vllm", "engine_version": "0.32.0", "gpu_name": "card A",
                 "engine_config": {"max_num_seqs": 128, "num_gpu_blocks": 1000}}
-    baseline.write(baseline.path_for(root, test_id, "cpu", "m"), baseline.document(test_id, "cpu", "m", recorded, []))
+    baseline.write(baseline.path_for(root, test_id, "cpu", "org/m"),
+                   baseline.document(test_id, "cpu", "org/m", recorded, []))
 
     def run(k, **changed):
         env = {**recorded, **changed, "engine_config": {**recorded["engine_config"], **changed.get("engine_config", {})}}
-        doc = {"schema": 1, "session": {"hardware": "cpu", "model": "m", "tolerance": [0.1, {}], "run": k},
+        doc = {"schema": 1, "session": {"hardware": "cpu", "model": "org/m", "tolerance": [0.1, {}], "run": k},
                "tests": [{"test": test_id, "environment": env, "results": []}]}
         path = tmp_path / f"run{k}.json"
         path.write_text(json.dumps(doc))
@@ -297,7 +298,7 @@ def _run_doc(path, tok, mode="compare", test_id="t::t0", env=None):
     metrics = {"output_tokens_per_s": tok, "requests_per_s": tok / 10, "p50_ttft_ms": 5000 / tok, "p50_tpot_ms": 10.0}
     entry = baseline.Entry("0", "w1", False, metrics, [metrics], engine="vllm")
     record = TestRecord(test_id, "passed", results=[result_record(entry, {}, {})], environment=env or {})
-    session = {"hardware": "h200", "model": "m", "baseline_mode": mode, "tolerance": [0.1, {}]}
+    session = {"hardware": "h200", "model": "org/m", "baseline_mode": mode, "tolerance": [0.1, {}]}
     path.write_text(json.dumps(document([record], session)))
     return str(path)
 
@@ -316,10 +317,11 @@ def test_calibrate_refuses_runs_not_compared_and_splits_alpha_over_the_whole_sui
         metrics = {"output_tokens_per_s": 100.0, "requests_per_s": 10.0, "p50_ttft_ms": 50.0, "p50_tpot_ms": 10.0}
         entry = baseline.Entry("0", "w1", False, metrics, [metrics], engine="vllm",
                                calibration={m: 0.08 for m in deviations}, calibration_runs=deviations)
-        baseline.write(baseline.path_for(root, f"t::t{k}", "h200", "m"), baseline.document(f"t::t{k}", "h200", "m", env, [entry]))
+        baseline.write(baseline.path_for(root, f"t::t{k}", "h200", "org/m"),
+                       baseline.document(f"t::t{k}", "h200", "org/m", env, [entry]))
     metrics = {"output_tokens_per_s": 100.0, "requests_per_s": 10.0, "p50_ttft_ms": 50.0, "p50_tpot_ms": 10.0}
-    baseline.write(baseline.path_for(root, "t::t0", "h200", "m"),  # recorded again: no calibration of its own
-                   baseline.document("t::t0", "h200", "m", env, [baseline.Entry("0", "w1", False, metrics, [metrics],
+    baseline.write(baseline.path_for(root, "t::t0", "h200", "org/m"),  # recorded again: no calibration of its own
+                   baseline.document("t::t0", "h200", "org/m", env, [baseline.Entry("0", "w1", False, metrics, [metrics],
                                                                                 engine="vllm")]))
     runs = [_run_doc(tmp_path / f"r{i}.json", tok, env=env) for i, tok in enumerate((97.0, 94.0, 91.0))]
     for mode in ("update", "off"):
@@ -328,7 +330,7 @@ def test_calibrate_refuses_runs_not_compared_and_splits_alpha_over_the_whole_sui
         assert f"ran with --llmperf-baseline={mode}: it was not compared with the baselines" in capsys.readouterr().err
 
     assert main(["calibrate", *runs, "--baseline-dir", str(root)]) == 0, capsys.readouterr().err
-    stored = baseline.load(baseline.path_for(root, "t::t0", "h200", "m"))
+    stored = baseline.load(baseline.path_for(root, "t::t0", "h200", "org/m"))
     assert stored["calibrated"]["comparisons"] == 24  # its 4 metrics and the 20 the other tests keep
     (entry,) = stored["entries"]
     tok = entry["calibration_runs"]["output_tokens_per_s"]

@@ -176,6 +176,11 @@ def test_compare_cli_judges_as_the_runs_gate_did_and_only_one_class_and_model(tm
         return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
 
     old = _report(tmp_path / "old.json", 100.0)
+    # one model as baselines name it: a hub id and its snapshot in Hugging Face's cache
+    snapshot = tmp_path / "hub" / "models--meta-llama--Llama-3.1-8B" / "snapshots" / "0e9e39f"
+    snapshot.mkdir(parents=True)
+    hub = _report(tmp_path / "hub.json", 100.0, model="meta-llama/Llama-3.1-8B")
+    assert compare(hub, _report(tmp_path / "snap.json", 100.0, model=str(snapshot))).returncode == 0
     for where in (dict(hardware="h100"), dict(model="shape:tiny-llama")):
         other = compare(old, _report(tmp_path / "other.json", 300.0, **where))
         assert other.returncode == 2 and "different hardware classes or models" in other.stderr, other

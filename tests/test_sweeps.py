@@ -361,17 +361,17 @@ def test_a_point_past_the_knee_saturated_on_one_side_only_is_compared_through_th
     although its curve's capacity and every other point compared unchanged. FAKE engine (plugin mechanics)."""
     from fake_engine import FakeScriptedEngine
 
-    from pytest_llmperf import Workload
+    from pytest_llmperf import Workload, baseline
     from pytest_llmperf.gating import GateConfig, gate, unmet_requirement
     from pytest_llmperf.runner import LLMPerf
 
-    def run(mode, top, root):
+    def run(mode, top, root, script=None, gated=None):
         perf = LLMPerf()
-        perf.sweep(FakeScriptedEngine({2: ["ok"], 4: ["ok"], 8: ["ok"], 16: [top]}),
+        perf.sweep(FakeScriptedEngine(script or {2: ["ok"], 4: ["ok"], 8: ["ok"], 16: [top]}),
                    lambda q: Workload.poisson(qps=q, n=24, prompt_len=16, output_len=10, seed=int(q)),
                    rates=[2, 4, 8, 16], warmup=False, under={"p99_ttft_ms": 500})
         cfg = GateConfig(mode, root, 0.10, "cpu", "m", 2)
-        return gate("t", perf, cfg, {"engine": "fake"}, {}), cfg, perf
+        return gate("t", perf, cfg, {"engine": "fake"}, {}, gated), cfg, perf
 
     for recorded, now in (("slow", "saturated"), ("saturated", "slow")):
         run("update", recorded, tmp_path / recorded)
@@ -379,3 +379,15 @@ def test_a_point_past_the_knee_saturated_on_one_side_only_is_compared_through_th
         assert perf.sweeps[0].capacity() == 8 and verdict.status == "pass", verdict
         assert verdict.labels["sweep:capacity"] == "compared" and "sweep@16" not in verdict.labels, verdict.labels
         assert unmet_requirement(verdict, cfg, "t") is None
+    # below the knee it is a loss: a point the baseline's capacity covered that saturates now is named (under a gate
+    # of timing alone, nothing else would fail it)
+    from pytest_llmperf.baseline import gated_metrics
+
+    run("update", "ok", tmp_path / "all")
+    verdict, cfg, _ = run("require", "ok", tmp_path / "all", {2: ["saturated"], 4: ["ok"], 8: ["ok"], 16: ["ok"]},
+                          gated_metrics(["timing"]))
+    assert verdict.labels["sweep@2"] == "not-produced" and unmet_requirement(verdict, cfg, "t") is not None
+    # and recording measures a point that saturated once again too: its capacity is not cut short there
+    verdict, _, _ = run("update", "ok", tmp_path / "once", {2: ["ok"], 4: ["saturated", "ok"], 8: ["ok"], 16: ["ok"]})
+    stored = baseline.load(baseline.path_for(tmp_path / "once", "t", "cpu", "m"))
+    assert [e["metrics"]["capacity"] for e in stored["entries"] if e["label"] == "sweep:capacity"] == [16]
