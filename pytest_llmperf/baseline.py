@@ -696,7 +696,6 @@ def _but_the_worst(passes: Sequence[Mapping[str, float | None]], metric: str,
     held = [p for p in passes if p.get(metric) is not None]
     if len(held) < 3:
         return passes
-    # the last pass is the only one of the fresh start: how far two starts land apart is what it shows
     worst = (min if higher_better else max)(held[:-1], key=lambda p: p[metric])  # type: ignore[arg-type,return-value]
     return [p for p in held if p is not worst]
 

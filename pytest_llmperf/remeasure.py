@@ -137,8 +137,7 @@ def judged_against_baseline(stored: Mapping[str, Any], perf: LLMPerf, current: S
     start agree; a busy host or an unlucky start slows some passes, a regression slows all of them
     (docs/performance.md, false alarms)."""
     verdict = baseline.compare(stored, current, tol, default_tolerance, paging, gated, borrowed)
-    indices = _result_indices(perf)
-    suspects = verdict.worth_measuring_again() & (set(indices) | {s.capacity_label for s in perf.sweeps})
+    suspects = verdict.worth_measuring_again() & (set(_result_indices(perf)) | {s.capacity_label for s in perf.sweeps})
     first, curves = set(suspects), {s.label: s for s in perf.sweeps}
     for n in range(1, retries + 1):
         if not suspects:
@@ -167,9 +166,9 @@ def _measured_again(perf: LLMPerf, current: Sequence[Entry], suspects: set[str],
     cut = {label: points for label, curve in curves.items()
            if curve.capacity_label in suspects and curve.capacity_label in capacities
            and (points := _points_that_cut(curve, capacities[curve.capacity_label]))}
-    labels = (suspects | {p.result.label for points in cut.values() for p in points}) & set(_result_indices(perf))
-    again = more_passes(perf, labels, 1, salt, fresh_start=True)
-    out = [_best_with(perf, e, again[e.label]) if e.label in again else e for e in current]
+    again = more_passes(perf, suspects | {p.result.label for points in cut.values() for p in points}, 1, salt,
+                        fresh_start=True)
+    out = _best_of_each(perf, current, again)
     curves = {label: _with_points_held(curve, again) if label in cut else curve for label, curve in curves.items()}
     by_label = {curve.capacity_label: curve for label, curve in curves.items() if label in cut}
     return [_capacity_again(e, by_label[e.label]) if e.label in by_label else e for e in out], curves
@@ -223,17 +222,23 @@ def recorded(perf: LLMPerf, current: Sequence[Entry], retries: int) -> list[Entr
     earlier = more_passes(perf, labels, retries - 1) if retries > 1 else {}
     last = more_passes(perf, labels, 1, salt=retries, fresh_start=True) if retries >= 1 else {}
     again = {label: [*earlier.get(label, []), *last.get(label, [])] for label in {*earlier, *last}}
-    out = [_best_with(perf, e, again[e.label]) if e.label in again else e for e in current]
+    out = _best_of_each(perf, current, again)
     curves = {s.capacity_label: _with_points_held(s, again) for s in perf.sweeps if not s.searched}
     return [_capacity_again(e, curves[e.label], retries) if e.label in curves and again else e for e in out]
 
 
-def _best_with(perf: LLMPerf, entry: Entry, passes: Sequence[PerfResult]) -> Entry:
-    """`entry` as the best of itself and `passes`; a pass that failed a request, or whose client fell
-    behind, clears nothing."""
-    i = _result_indices(perf)[entry.label]
-    again = [baseline.result_entry(replace(perf.runs[i], result=r), i) for r in passes if not (r.invalid or r.failed)]
-    return baseline.best_of([entry, *again])
+def _best_of_each(perf: LLMPerf, current: Sequence[Entry], again: Mapping[str, Sequence[PerfResult]]) -> list[Entry]:
+    """`current` with each entry measured again the best of itself and its passes in `again`; a pass that failed a
+    request, or whose client fell behind, clears nothing."""
+    indices = _result_indices(perf)
+
+    def best(entry: Entry) -> Entry:
+        i = indices[entry.label]
+        passes = [baseline.result_entry(replace(perf.runs[i], result=r), i) for r in again[entry.label]
+                  if not (r.invalid or r.failed)]
+        return baseline.best_of([entry, *passes])
+
+    return [best(e) if e.label in again else e for e in current]
 
 
 def more_passes(perf: LLMPerf, labels: set[str], times: int, salt: int = 1,
@@ -259,8 +264,7 @@ def best_of_more_passes(perf: LLMPerf, current: Sequence[Entry], labels: set[str
     (the gate's second look judges them again: `judged_against_baseline`). With `fresh_start`, each engine
     involved is started again first (once, for all its results)."""
     wanted = {e.label for e in current} & labels
-    again = more_passes(perf, wanted, times, salt, fresh_start)
-    return [_best_with(perf, e, again[e.label]) if e.label in again else e for e in current]
+    return _best_of_each(perf, current, more_passes(perf, wanted, times, salt, fresh_start))
 
 
 def _restart_order(perf: LLMPerf, index: int) -> tuple[bool, int]:
